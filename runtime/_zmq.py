@@ -1,0 +1,224 @@
+"""The ZeroMQ transport: the only module that touches zmq.
+
+pyzmq has no trio integration, so every socket gets one watcher task that waits on
+the socket's file descriptor and reads whatever is ready. The descriptor is
+edge-triggered and signals only "something changed" (also when the socket became
+writable), and any zmq call, a send included, can consume the edge. Hence:
+
+* the watcher re-reads ``zmq.EVENTS`` after every wake-up and drains the socket before
+  it waits again;
+* a send from any other task re-reads ``EVENTS`` afterwards and, if input is pending,
+  cancels the watcher's wait so that it looks again (only one task may wait on a
+  descriptor: a second ``wait_readable`` raises ``BusyResourceError``);
+* a sender that finds the socket full parks on an event the watcher sets when it sees
+  ``POLLOUT``.
+
+Each node has one ROUTER (inbound; replies travel back through it by routing id) and
+one DEALER per peer it dials. Options are explicit: ``LINGER`` 0 (delivery is
+guaranteed by acknowledgements, never by lingering), ``IMMEDIATE`` on dealers (queue
+only on completed connections), ``ROUTER_MANDATORY`` (an unroutable send is an error,
+not a silent drop) and ``ROUTER_HANDOVER`` (a restarted peer takes over its identity).
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import zmq
+
+from ._transport import Buffer, Connection, Endpoint, OnFrames, Transport
+
+_DRAIN = 64
+_BIND_RETRY_S = 5.0
+
+
+class ZmqTransport(Transport):
+    """tcp:// and ipc:// over ZeroMQ.
+
+    ``hwm`` bounds the batches libzmq queues per peer (a safety net under credit flow
+    control, never the mechanism); ``max_message_bytes`` makes libzmq drop a peer that
+    sends a larger frame, before it is ever allocated in full.
+    """
+
+    def __init__(self, *, hwm: int = 10_000, max_message_bytes: int = -1) -> None:
+        self.hwm = hwm
+        self.max_message_bytes = max_message_bytes
+
+    @asynccontextmanager
+    async def open(self, identity: str, on_frames: OnFrames) -> AsyncIterator[Endpoint]:
+        context = zmq.Context()
+        try:
+            async with anyio.create_task_group() as tasks:
+                endpoint = _ZmqEndpoint(self, context, identity.encode(), on_frames, tasks)
+                try:
+                    yield endpoint
+                finally:
+                    tasks.cancel_scope.cancel()
+        finally:
+            context.destroy(linger=0)
+
+
+class _ZmqEndpoint(Endpoint):
+    def __init__(
+        self,
+        transport: ZmqTransport,
+        context: zmq.Context[zmq.Socket[bytes]],
+        identity: bytes,
+        on_frames: OnFrames,
+        tasks: anyio.abc.TaskGroup,
+    ) -> None:
+        self._transport = transport
+        self._context = context
+        self._identity = identity
+        self._on_frames = on_frames
+        self._tasks = tasks
+        self._routes: dict[bytes, _RouterRoute] = {}
+
+    def _socket(self, kind: int) -> zmq.Socket[bytes]:
+        sock = self._context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, self._transport.hwm)
+        sock.setsockopt(zmq.RCVHWM, self._transport.hwm)
+        sock.setsockopt(zmq.MAXMSGSIZE, self._transport.max_message_bytes)
+        return sock
+
+    async def listen(self, address: str) -> str:
+        sock = self._socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        with anyio.fail_after(_BIND_RETRY_S):
+            while True:
+                try:
+                    sock.bind(address)
+                    break
+                except zmq.ZMQError as exc:
+                    # libzmq closes asynchronously: a just-released port can be busy.
+                    if exc.errno != errno.EADDRINUSE:
+                        sock.close()
+                        raise OSError(exc.errno, f"cannot listen at {address}: {exc}") from exc
+                await anyio.sleep(0.05)
+        driver = _SocketDriver(sock, self._on_router_message)
+        self._tasks.start_soon(driver.run)
+        self._router = driver
+        bound: bytes = sock.getsockopt(zmq.LAST_ENDPOINT)  # type: ignore[assignment]
+        return bound.decode()
+
+    def dial(self, address: str) -> Connection:
+        sock = self._socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, self._identity)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        sock.connect(address)
+        connection = _DealerConnection(address)
+        driver = _SocketDriver(sock, lambda parts: self._on_frames(connection, parts))
+        connection.driver = driver
+        self._tasks.start_soon(driver.run)
+        return connection
+
+    def _on_router_message(self, parts: list[Buffer]) -> None:
+        identity = bytes(parts[0])
+        route = self._routes.get(identity)
+        if route is None:
+            route = self._routes[identity] = _RouterRoute(self._router, identity)
+        self._on_frames(route, parts[1:])
+
+
+class _SocketDriver:
+    """Owns one socket: a watcher task reads it; any task may send on it."""
+
+    def __init__(self, sock: zmq.Socket[bytes], on_message: Callable[[list[Buffer]], None]) -> None:
+        self._sock = sock
+        self._on_message = on_message
+        self._waiting: anyio.CancelScope | None = None
+        self._writable: anyio.Event | None = None
+
+    async def run(self) -> None:
+        sock = self._sock
+        fd = sock.getsockopt(zmq.FD)
+        try:
+            while True:
+                events = sock.getsockopt(zmq.EVENTS)
+                if events & zmq.POLLOUT and self._writable is not None:
+                    self._writable.set()
+                    self._writable = None
+                if events & zmq.POLLIN:
+                    if self._drain():
+                        await anyio.lowlevel.checkpoint()
+                    continue
+                with anyio.CancelScope() as self._waiting:
+                    await anyio.wait_readable(fd)
+                self._waiting = None
+        finally:
+            sock.close(linger=0)
+
+    def _drain(self) -> bool:
+        """Read up to a batch of ready messages; True if more may be waiting."""
+        for _ in range(_DRAIN):
+            try:
+                parts = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return False
+            self._on_message([part.buffer for part in parts])
+        return True
+
+    def send_nowait(self, parts: list[Buffer]) -> None:
+        try:
+            self._sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            raise anyio.WouldBlock from None
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EHOSTUNREACH:
+                raise anyio.BrokenResourceError("peer is not connected") from exc
+            raise
+        finally:
+            self._kick_if_readable()
+
+    async def wait_writable(self) -> None:
+        if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+            await anyio.lowlevel.checkpoint()
+            return
+        if self._writable is None:
+            self._writable = anyio.Event()
+        writable = self._writable
+        if self._waiting is not None:
+            self._waiting.cancel()  # our EVENTS read may have eaten the watcher's edge
+        await writable.wait()
+
+    def _kick_if_readable(self) -> None:
+        if self._waiting is not None and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._waiting.cancel()
+
+
+class _DealerConnection(Connection):
+    driver: _SocketDriver
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def send_nowait(self, frames: list[Buffer]) -> None:
+        self.driver.send_nowait(frames)
+
+    async def wait_writable(self) -> None:
+        await self.driver.wait_writable()
+
+    def __repr__(self) -> str:
+        return f"<zmq dealer to {self.address}>"
+
+
+class _RouterRoute(Connection):
+    def __init__(self, router: _SocketDriver, identity: bytes) -> None:
+        self._router = router
+        self._identity = identity
+
+    def send_nowait(self, frames: list[Buffer]) -> None:
+        self._router.send_nowait([self._identity, *frames])
+
+    async def wait_writable(self) -> None:
+        await self._router.wait_writable()
+
+    def __repr__(self) -> str:
+        return f"<zmq route back to {self._identity.decode(errors='replace')}>"
