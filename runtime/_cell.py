@@ -326,15 +326,17 @@ class ActorCell:
                     )
                     crashed.append((envelope, error))
                     raise _HandlerFailed from error
-                self.node.reply(envelope, ERROR, ErrorInfo(
+                status, result = ERROR, ErrorInfo(
                     self.name, type(error).__name__, str(error), traceback.format_exc(),
-                ), actor=self.name)
+                )
             else:
-                if envelope.is_call:
-                    self.node.reply(envelope, OK, result, actor=self.name)
+                status = OK
             finally:
                 current_delivery.reset(token)
+            # Acknowledge first: the ack and any credit it frees leave with the reply.
             self._finish(envelope)
+            if envelope.is_call:
+                self.node.reply(envelope, status, result, actor=self.name)
             since_yield += 1
             if since_yield >= _YIELD_EVERY:
                 since_yield = 0

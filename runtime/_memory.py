@@ -107,34 +107,35 @@ class _MemoryEndpoint(Endpoint):
 
 class _MemoryDealer(Connection):
     def __init__(self, endpoint: _MemoryEndpoint, address: str) -> None:
-        self._endpoint = endpoint
+        self.endpoint = endpoint
         self._address = address
-        self._back = _MemoryRoute(endpoint)
+        self._back = _MemoryRoute(self)
 
     def send_nowait(self, frames: list[Buffer]) -> None:
-        peer = self._endpoint.network.listener(self._address)
+        peer = self.endpoint.network.listener(self._address)
         if peer is None:
             raise anyio.WouldBlock  # like IMMEDIATE: nobody to queue for yet
         peer.push(self._back, frames)
 
     async def wait_writable(self) -> None:
-        await self._endpoint.network.wait_changed()
+        await self.endpoint.network.wait_changed()
 
     def __repr__(self) -> str:
         return f"<memory dealer to {self._address}>"
 
 
 class _MemoryRoute(Connection):
-    """The way back from a listener to the endpoint that dialed it."""
+    """The way back from a listener to the dealer that dialed it; what arrives through
+    it is delivered as having come in on that dealer, as with ZeroMQ."""
 
-    def __init__(self, dialer: _MemoryEndpoint) -> None:
-        self._dialer = dialer
+    def __init__(self, dealer: _MemoryDealer) -> None:
+        self._dealer = dealer
 
     def send_nowait(self, frames: list[Buffer]) -> None:
-        self._dialer.push(self, frames)
+        self._dealer.endpoint.push(self._dealer, frames)
 
     async def wait_writable(self) -> None:
-        await self._dialer.network.wait_changed()
+        await self._dealer.endpoint.network.wait_changed()
 
     def __repr__(self) -> str:
-        return f"<memory route back to {self._dialer.identity}>"
+        return f"<memory route back to {self._dealer.endpoint.identity}>"

@@ -10,6 +10,7 @@ target actor's inbox, so a bad payload fails that one message.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 from collections import Counter
@@ -62,6 +63,7 @@ from ._wire import (
     decode_error,
     decode_header,
     decode_item,
+    encode_batch,
 )
 
 R = TypeVar("R")
@@ -135,24 +137,20 @@ class PendingCall:
 class Node:
     """Create with ``open_node``; every method is safe to call from any task of it."""
 
-    def __init__(
-        self,
-        name: str,
-        config: NodeConfig,
-        head: str | None,
-        head_name: str,
-    ) -> None:
+    def __init__(self, name: str, config: NodeConfig, head: str | None) -> None:
         self.name = name
         self.config = config
         self.incarnation = random.getrandbits(63) | 1
         self.address = ""
         self.is_head = head is None
         self.log = get_logger(node=name)
-        self._head_name = name if head is None else head_name
+        self._head_name = name
+        self._joining: dict[Connection, str] = {}
+        self._joined = anyio.Event()
         self._cells: dict[str, ActorCell] = {}
         self._supervisor_of: dict[str, Supervisor] = {}
         self._links: dict[str, Link] = {}
-        self._addresses: dict[str, str] = {} if head is None else {head_name: head}
+        self._addresses: dict[str, str] = {}
         self._names: dict[str, ActorRef] = {}
         self._calls: dict[int, PendingCall] = {}
         self._call_ids = itertools.count(random.getrandbits(40) + 1)
@@ -388,7 +386,7 @@ class Node:
 
     # -- links ----------------------------------------------------------------------
 
-    def _link_for(self, peer: str) -> Link:
+    def _link_for(self, peer: str, dialed: Connection | None = None) -> Link:
         link = self._links.get(peer)
         if link is None:
             if peer == self.name:
@@ -399,7 +397,9 @@ class Node:
             link = Link(self.name, self.incarnation, peer, self.config, anyio.current_time())
             self._links[peer] = link
             self._tasks.start_soon(link.run_flusher)
-        if link.connection is None:
+        if dialed is not None:
+            link.attach(dialed, dialed=True)
+        elif link.connection is None:
             self._dial(link)
         return link
 
@@ -409,13 +409,35 @@ class Node:
             link.attach(self._endpoint.dial(address), dialed=True)
             link.flush_nowait(heartbeat=True)
 
+    async def _join(self, address: str) -> None:
+        """Dial the head and learn its name from its first answer."""
+        connection = self._endpoint_or_fail().dial(address)
+        self._joining[connection] = address
+        hello = encode_batch(self.name, self.incarnation, 0, 0, 0, [])
+        with anyio.fail_after(self.config.call_timeout):
+            while not self._joined.is_set():
+                with contextlib.suppress(anyio.WouldBlock):
+                    connection.send_nowait(hello)
+                with anyio.move_on_after(self.config.heartbeat_interval):
+                    await self._joined.wait()
+
+    def _endpoint_or_fail(self) -> Endpoint:
+        if self._endpoint is None:
+            raise RuntimeError(f"node {self.name!r} is not running")
+        return self._endpoint
+
     def _on_frames(self, connection: Connection, frames: list[Buffer]) -> None:
         """Handle one inbound batch; called by the transport, never awaits."""
         try:
             header = decode_header(frames, self.config.max_frame_bytes)
             if header.sender == self.name or not header.sender:
                 raise FrameError("bad_sender", f"a batch claims to come from {header.sender!r}")
-            link = self._link_for(header.sender)
+            joined = self._joining.pop(connection, None)
+            if joined is not None:
+                self._addresses[header.sender] = joined
+                self._head_name = header.sender
+                self._joined.set()
+            link = self._link_for(header.sender, connection if joined is not None else None)
         except FrameError as exc:
             self._reject(exc, via=repr(connection))
             return
@@ -621,14 +643,13 @@ async def open_node(
     *,
     listen: str = "tcp://127.0.0.1:*",
     head: str | None = None,
-    head_name: str = "head",
     config: NodeConfig | None = None,
     transport: Transport | None = None,
 ) -> AsyncIterator[Node]:
     """Run a node for the duration of the block.
 
     Without ``head`` this node is the head and hosts the registry; otherwise ``head``
-    is the head's address and ``head_name`` its node name. ``listen`` defaults to
+    is the head's address (its name is learned when it first answers). ``listen`` defaults to
     loopback: a node is reachable from other hosts only if it is told to listen there.
     The transport follows the address (ZeroMQ for tcp:// and ipc://); ``mem://``
     addresses need ``transport=MemoryNetwork()`` shared by the nodes of a test.
@@ -645,7 +666,7 @@ async def open_node(
         from ._zmq import ZmqTransport
 
         transport = ZmqTransport(max_message_bytes=2 * config.max_frame_bytes)
-    node = Node(name, config, head, head_name)
+    node = Node(name, config, head)
     try:
         async with transport.open(name, node._on_frames) as endpoint:
             node._endpoint = endpoint
@@ -657,7 +678,7 @@ async def open_node(
                 if head is None:
                     await node.spawn(REGISTRY, Registry)
                 else:
-                    node._link_for(head_name)
+                    await node._join(head)
                 node.log.info("node_started", address=node.address, head=head or node.address)
                 try:
                     yield node

@@ -1,0 +1,31 @@
+"""bin/bench: run benchmark suites, print their tables, write SUITE.json under --out.
+
+    bin/bench runtime            # the full suite (a few minutes)
+    bin/bench runtime --quick    # a short smoke run (CI): checks it works, not speed
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from benchmarks import runtime
+
+SUITES = {"runtime": runtime.run}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="bin/bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suites", nargs="*", choices=[*SUITES, "all"], default=["all"])
+    parser.add_argument("--quick", action="store_true", help="a short run for smoke tests")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"),
+                        help="where SUITE.json files go (default: bench-out/)")
+    args = parser.parse_args()
+    names = list(SUITES) if "all" in args.suites else args.suites
+    for name in names:
+        SUITES[name](args.quick, args.out)
+
+
+if __name__ == "__main__":
+    main()
