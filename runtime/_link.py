@@ -20,6 +20,7 @@ The node drives it: it feeds inbound items in, and runs ``run_flusher`` and ``ti
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -95,12 +96,16 @@ class _Pending:
 class _Credit:
     """What this node may still send to one actor on the peer."""
 
-    __slots__ = ("balance", "denied", "last_used", "outstanding", "requested_at", "waiter")
+    __slots__ = (
+        "balance", "denied", "granted_before", "last_used", "outstanding", "requested_at",
+        "waiter",
+    )
 
     def __init__(self) -> None:
         self.balance = 0
         self.outstanding = 0
         self.denied = False
+        self.granted_before = False
         self.last_used = 0.0
         self.requested_at: float | None = None
         self.waiter: anyio.Event | None = None
@@ -322,12 +327,15 @@ class Link:
             credit = self._credits[target] = _Credit()
             credit.last_used = anyio.current_time()
         credit.balance += amount
+        credit.granted_before = True
         credit.requested_at = None
         credit.wake()
 
     def on_denied(self, target: str) -> None:
+        """The peer has no such actor. If it had one before, it is being restarted (or
+        its node was): keep asking, every resend interval, and keep senders waiting."""
         credit = self._credits.get(target)
-        if credit is not None:
+        if credit is not None and not credit.granted_before:
             credit.denied = True
             credit.wake()
 
@@ -427,6 +435,14 @@ class Link:
         self._grants.clear()
         self._returns.clear()
         self._denied.clear()
+
+    def answer_on(self, connection: Connection) -> None:
+        """Send a header-only batch over ``connection`` (not this link's own)."""
+        frames = encode_batch(
+            self.local, self.incarnation, self.peer_incarnation, self.base, self._recv_hwm, []
+        )
+        with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):
+            connection.send_nowait(frames)
 
     def flush_nowait(self, *, heartbeat: bool = False) -> bool:
         """Send everything queued, in batches; False if the transport could not take it

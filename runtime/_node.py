@@ -157,6 +157,7 @@ class Node:
         self._preseen: dict[tuple[str, int], list[int]] = {}
         self._codec = Codec()
         self._rejected: Counter[str] = Counter()
+        self._last_logged: dict[str, tuple[float, int]] = {}
         self._batches_received = 0
         self._endpoint: Endpoint | None = None
         self._tasks: anyio.abc.TaskGroup | None = None
@@ -444,6 +445,10 @@ class Node:
         self._batches_received += 1
         if not link.dialed and link.connection is not connection:
             link.attach(connection, dialed=False)
+        elif link.connection is not connection and not header.items:
+            # A hello (or heartbeat) over a connection this link does not send on: answer
+            # on that one, so a node that is joining hears back where it is listening.
+            link.answer_on(connection)
         came_up, restarted = link.on_header(header, anyio.current_time())
         if came_up or restarted:
             self.log.info(
@@ -548,8 +553,16 @@ class Node:
         pending.resolve(item.status, item.payload, frames)
 
     def _reject(self, error: FrameError, **where: str) -> None:
+        """Count a rejection; log it, at most once a second per reason."""
         self._rejected[error.reason] += 1
-        self.log.warning("rejected", reason=error.reason, detail=error.detail, **where)
+        now = anyio.current_time()
+        last, suppressed = self._last_logged.get(error.reason, (-float("inf"), 0))
+        if now - last < 1.0:
+            self._last_logged[error.reason] = (last, suppressed + 1)
+            return
+        self._last_logged[error.reason] = (now, 0)
+        self.log.warning("rejected", reason=error.reason, detail=error.detail,
+                         suppressed=suppressed, **where)
 
     def _on_peer_down(self, link: Link) -> None:
         failed = 0
