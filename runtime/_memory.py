@@ -130,6 +130,7 @@ class _MemoryRoute(Connection):
 
     def __init__(self, dealer: _MemoryDealer) -> None:
         self._dealer = dealer
+        self.identity = dealer.endpoint.identity
 
     def send_nowait(self, frames: list[Buffer]) -> None:
         self._dealer.endpoint.push(self._dealer, frames)

@@ -433,6 +433,11 @@ class Node:
             header = decode_header(frames, self.config.max_frame_bytes)
             if header.sender == self.name or not header.sender:
                 raise FrameError("bad_sender", f"a batch claims to come from {header.sender!r}")
+            if connection.identity is not None and connection.identity != header.sender:
+                raise FrameError("bad_sender", (
+                    f"a peer that connected as {connection.identity!r} claims to be "
+                    f"{header.sender!r}"
+                ))
             joined = self._joining.pop(connection, None)
             if joined is not None:
                 self._addresses[header.sender] = joined

@@ -18,7 +18,10 @@ Buffer = bytes | memoryview
 
 class Connection(ABC):
     """One way to reach one peer: a dialed socket, or the route back to a peer that
-    dialed us."""
+    dialed us. A route back knows the ``identity`` the peer presented when it connected;
+    a dialed socket does not (``None``)."""
+
+    identity: str | None = None
 
     @abstractmethod
     def send_nowait(self, frames: list[Buffer]) -> None:

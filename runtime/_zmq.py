@@ -213,6 +213,7 @@ class _RouterRoute(Connection):
     def __init__(self, router: _SocketDriver, identity: bytes) -> None:
         self._router = router
         self._identity = identity
+        self.identity = identity.decode(errors="replace")
 
     def send_nowait(self, frames: list[Buffer]) -> None:
         self._router.send_nowait([self._identity, *frames])
