@@ -1,7 +1,7 @@
 """bin/bench: run benchmark suites, print their tables, write SUITE.json under --out.
 
-    bin/bench runtime            # the full suite (a few minutes)
-    bin/bench runtime --quick    # a short smoke run (CI): checks it works, not speed
+bin/bench runtime            # the full suite (a few minutes)
+bin/bench runtime --quick    # a short smoke run (CI): checks it works, not speed
 """
 
 from __future__ import annotations
@@ -15,12 +15,17 @@ SUITES = {"runtime": runtime.run}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="bin/bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="bin/bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("suites", nargs="*", choices=[*SUITES, "all"], default=["all"])
     parser.add_argument("--quick", action="store_true", help="a short run for smoke tests")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"),
-                        help="where SUITE.json files go (default: bench-out/)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-out"),
+        help="where SUITE.json files go (default: bench-out/)",
+    )
     args = parser.parse_args()
     names = list(SUITES) if "all" in args.suites else args.suites
     for name in names:

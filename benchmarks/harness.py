@@ -27,8 +27,12 @@ class Figure:
         return cls(statistics.median(samples), min(samples), max(samples), tuple(samples))
 
     def as_dict(self) -> dict[str, Any]:
-        return {"median": self.median, "min": self.low, "max": self.high,
-                "samples": list(self.samples)}
+        return {
+            "median": self.median,
+            "min": self.low,
+            "max": self.high,
+            "samples": list(self.samples),
+        }
 
 
 def machine() -> dict[str, Any]:

@@ -27,10 +27,16 @@ from benchmarks.runtime_messages import Flush, Payload, Ping
 from runtime import Blob, open_node
 
 SIZES = [64, 1024, 64 * 1024, 1024 * 1024]
-FULL = {"reps": 5, "latency_calls": 2000,
-        "counts": {64: 200_000, 1024: 100_000, 65536: 10_000, 1048576: 1_000}}
-QUICK = {"reps": 1, "latency_calls": 200,
-         "counts": {64: 5_000, 1024: 5_000, 65536: 500, 1048576: 50}}
+FULL = {
+    "reps": 5,
+    "latency_calls": 2000,
+    "counts": {64: 200_000, 1024: 100_000, 65536: 10_000, 1048576: 1_000},
+}
+QUICK = {
+    "reps": 1,
+    "latency_calls": 200,
+    "counts": {64: 5_000, 1024: 5_000, 65536: 500, 1048576: 50},
+}
 BULK = 64 * 1024
 
 TARGETS = {
@@ -49,7 +55,8 @@ def payload(size: int) -> Payload:
 def _peer(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "benchmarks.runtime_peer", *args],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
 
 
@@ -146,57 +153,95 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
             ours = anyio.run(_runtime, transport, workdir, plan, backend="trio")
             raw = _raw(transport, workdir, plan)
             for size in SIZES:
-                mine, theirs = Figure.of(ours["throughput"][size]), Figure.of(raw["throughput"][size])
-                rows.append({
-                    "transport": transport, "size": size, "count": plan["counts"][size],
-                    "runtime_msgs_per_s": mine.as_dict(), "raw_msgs_per_s": theirs.as_dict(),
-                    "runtime_mb_per_s": mine.median * size / 1e6,
-                    "raw_mb_per_s": theirs.median * size / 1e6,
-                    "ratio": mine.median / theirs.median,
-                })
+                mine, theirs = (
+                    Figure.of(ours["throughput"][size]),
+                    Figure.of(raw["throughput"][size]),
+                )
+                rows.append(
+                    {
+                        "transport": transport,
+                        "size": size,
+                        "count": plan["counts"][size],
+                        "runtime_msgs_per_s": mine.as_dict(),
+                        "raw_msgs_per_s": theirs.as_dict(),
+                        "runtime_mb_per_s": mine.median * size / 1e6,
+                        "raw_mb_per_s": theirs.median * size / 1e6,
+                        "ratio": mine.median / theirs.median,
+                    }
+                )
             p50 = Figure.of([p for p, _ in ours["latency"]])
             p99 = Figure.of([p for _, p in ours["latency"]])
             raw50 = Figure.of([p for p, _ in raw["latency"]])
             raw99 = Figure.of([p for _, p in raw["latency"]])
-            latency_rows.append({
-                "transport": transport, "calls": plan["latency_calls"],
-                "runtime_p50_us": p50.median * 1e6, "runtime_p99_us": p99.median * 1e6,
-                "raw_p50_us": raw50.median * 1e6, "raw_p99_us": raw99.median * 1e6,
-                "runtime_p50_range_us": [p50.low * 1e6, p50.high * 1e6],
-                "ratio_p50": p50.median / raw50.median,
-            })
+            latency_rows.append(
+                {
+                    "transport": transport,
+                    "calls": plan["latency_calls"],
+                    "runtime_p50_us": p50.median * 1e6,
+                    "runtime_p99_us": p99.median * 1e6,
+                    "raw_p50_us": raw50.median * 1e6,
+                    "raw_p99_us": raw99.median * 1e6,
+                    "runtime_p50_range_us": [p50.low * 1e6, p50.high * 1e6],
+                    "ratio_p50": p50.median / raw50.median,
+                }
+            )
     for name, (size, floor) in TARGETS.items():
         for row in rows:
             if row["size"] == size:
-                checks.append({"target": f"{name} ({row['transport']})", "value": row["ratio"],
-                               "met": row["ratio"] >= floor})
+                checks.append(
+                    {
+                        "target": f"{name} ({row['transport']})",
+                        "value": row["ratio"],
+                        "met": row["ratio"] >= floor,
+                    }
+                )
     for row in latency_rows:
-        checks.append({"target": f"call p50 <= {LATENCY_TARGET}x raw REQ/REP ({row['transport']})",
-                       "value": row["ratio_p50"], "met": row["ratio_p50"] <= LATENCY_TARGET})
-    result = {"quick": quick, "reps": plan["reps"], "throughput": rows,
-              "latency": latency_rows, "targets": checks}
+        checks.append(
+            {
+                "target": f"call p50 <= {LATENCY_TARGET}x raw REQ/REP ({row['transport']})",
+                "value": row["ratio_p50"],
+                "met": row["ratio_p50"] <= LATENCY_TARGET,
+            }
+        )
+    result = {
+        "quick": quick,
+        "reps": plan["reps"],
+        "throughput": rows,
+        "latency": latency_rows,
+        "targets": checks,
+    }
     write_json(out, "runtime", result)
     print_table(result)
     return result
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"runtime suite: median of {result['reps']} repetitions"
-          f"{' (quick: too short to read speed from)' if result['quick'] else ''}")
-    print(f"{'transport':<9} {'payload':>8} {'runtime msg/s':>14} {'raw msg/s':>12} "
-          f"{'runtime MB/s':>13} {'raw MB/s':>10} {'ratio':>7}")
+    print(
+        f"runtime suite: median of {result['reps']} repetitions"
+        f"{' (quick: too short to read speed from)' if result['quick'] else ''}"
+    )
+    print(
+        f"{'transport':<9} {'payload':>8} {'runtime msg/s':>14} {'raw msg/s':>12} "
+        f"{'runtime MB/s':>13} {'raw MB/s':>10} {'ratio':>7}"
+    )
     for row in result["throughput"]:
         size = row["size"]
         label = f"{size // 1024} KiB" if size >= 1024 else f"{size} B"
         label = "1 MiB" if size == 1024 * 1024 else label
-        print(f"{row['transport']:<9} {label:>8} {row['runtime_msgs_per_s']['median']:>14,.0f} "
-              f"{row['raw_msgs_per_s']['median']:>12,.0f} {row['runtime_mb_per_s']:>13,.1f} "
-              f"{row['raw_mb_per_s']:>10,.1f} {row['ratio']:>7.2f}")
-    print(f"\n{'transport':<9} {'call p50 µs':>12} {'call p99 µs':>12} {'REQ/REP p50':>12} "
-          f"{'REQ/REP p99':>12} {'ratio p50':>10}")
+        print(
+            f"{row['transport']:<9} {label:>8} {row['runtime_msgs_per_s']['median']:>14,.0f} "
+            f"{row['raw_msgs_per_s']['median']:>12,.0f} {row['runtime_mb_per_s']:>13,.1f} "
+            f"{row['raw_mb_per_s']:>10,.1f} {row['ratio']:>7.2f}"
+        )
+    print(
+        f"\n{'transport':<9} {'call p50 µs':>12} {'call p99 µs':>12} {'REQ/REP p50':>12} "
+        f"{'REQ/REP p99':>12} {'ratio p50':>10}"
+    )
     for row in result["latency"]:
-        print(f"{row['transport']:<9} {row['runtime_p50_us']:>12.0f} {row['runtime_p99_us']:>12.0f} "
-              f"{row['raw_p50_us']:>12.0f} {row['raw_p99_us']:>12.0f} {row['ratio_p50']:>10.2f}")
+        print(
+            f"{row['transport']:<9} {row['runtime_p50_us']:>12.0f} {row['runtime_p99_us']:>12.0f} "
+            f"{row['raw_p50_us']:>12.0f} {row['raw_p99_us']:>12.0f} {row['ratio_p50']:>10.2f}"
+        )
     print()
     for check in result["targets"]:
         print(f"{'met ' if check['met'] else 'MISS'}  {check['target']}: {check['value']:.2f}")

@@ -51,8 +51,16 @@ class Envelope:
     """A message in a mailbox, with what is needed to acknowledge and answer it."""
 
     __slots__ = (
-        "attempts", "call", "incarnation", "message", "order", "peer", "reply", "seq",
-        "source", "trace",
+        "attempts",
+        "call",
+        "incarnation",
+        "message",
+        "order",
+        "peer",
+        "reply",
+        "seq",
+        "source",
+        "trace",
     )
 
     def __init__(
@@ -114,7 +122,9 @@ class ActorCell:
         self._next_instance: Actor | None = factory()
         actor_type = type(self._next_instance)
         if actor_type.inbox is None:
-            raise TypeError(f"{actor_type.__name__} must declare the messages it accepts: inbox = ...")
+            raise TypeError(
+                f"{actor_type.__name__} must declare the messages it accepts: inbox = ..."
+            )
         self.actor_type = actor_type
         self.inbox: Any = actor_type.inbox
         self.members = union_members(actor_type.inbox)
@@ -256,16 +266,24 @@ class ActorCell:
     def _dead_letter(self, envelope: Envelope, why: str) -> None:
         self.dead_lettered += 1
         self.node.log.error(
-            "dead_letter", actor=self.name, message_type=type(envelope.message).__name__,
-            delivery=str(envelope.delivery()), attempts=envelope.attempts, why=why,
+            "dead_letter",
+            actor=self.name,
+            message_type=type(envelope.message).__name__,
+            delivery=str(envelope.delivery()),
+            attempts=envelope.attempts,
+            why=why,
         )
         if envelope.is_call:
-            self.node.reply(envelope, ERROR, ErrorInfo(self.name, "DeadLetter", why), actor=self.name)
+            self.node.reply(
+                envelope, ERROR, ErrorInfo(self.name, "DeadLetter", why), actor=self.name
+            )
         self._release(envelope)
 
     # -- running --------------------------------------------------------------------
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Run one instance of the actor until cancelled; raises ActorCrashed."""
         actor, self._next_instance = self._next_instance or self._factory(), None
         actor.name = self.name
@@ -320,14 +338,21 @@ class ActorCell:
                 self.failed += 1
                 if not envelope.is_call:
                     self.node.log.error(
-                        "actor_crashed", actor=self.name,
+                        "actor_crashed",
+                        actor=self.name,
                         message_type=type(envelope.message).__name__,
                         error=f"{type(error).__name__}: {error}",
                     )
                     crashed.append((envelope, error))
                     raise _HandlerFailed from error
-                status, result = ERROR, ErrorInfo(
-                    self.name, type(error).__name__, str(error), traceback.format_exc(),
+                status, result = (
+                    ERROR,
+                    ErrorInfo(
+                        self.name,
+                        type(error).__name__,
+                        str(error),
+                        traceback.format_exc(),
+                    ),
                 )
             else:
                 status = OK

@@ -39,7 +39,8 @@ class Codec:
 
     def encode(self, obj: object) -> tuple[bytes, list[Buffer]]:
         """Encode ``obj``; returns the bytes and the buffers it referenced, in order."""
-        self._out = frames = []
+        frames: list[Buffer] = []
+        self._out = frames
         try:
             return self._encoder.encode(obj), frames
         finally:
@@ -52,9 +53,7 @@ class Codec:
         """
         decoder = self._decoders.get(type_)
         if decoder is None:
-            decoder = msgspec.msgpack.Decoder(
-                type_, dec_hook=_dec_hook, ext_hook=self._ext_hook
-            )
+            decoder = msgspec.msgpack.Decoder(type_, dec_hook=_dec_hook, ext_hook=self._ext_hook)
             self._decoders[type_] = decoder
         self._in = frames
         try:
@@ -69,7 +68,7 @@ class Codec:
             if obj.dtype.hasobject or obj.dtype.fields is not None:
                 raise TypeError(f"arrays of dtype {obj.dtype} cannot travel as frames")
             array = np.ascontiguousarray(obj)
-            self._out.append(memoryview(array).cast("B") if array.nbytes else b"")
+            self._out.append(array.data.cast("B") if array.nbytes else b"")
             header = (len(self._out) - 1, array.dtype.str, array.shape)
             return msgspec.msgpack.Ext(_EXT_ARRAY, msgspec.msgpack.encode(header))
         if isinstance(obj, Blob):
@@ -88,8 +87,7 @@ class Codec:
             nbytes = memoryview(frame).nbytes
             if nbytes != expected or min(shape, default=0) < 0:
                 raise ValueError(
-                    f"frame {index} holds {nbytes} bytes, shape {shape} of {dtype} needs "
-                    f"{expected}"
+                    f"frame {index} holds {nbytes} bytes, shape {shape} of {dtype} needs {expected}"
                 )
             array = np.frombuffer(frame, dtype=dtype).reshape(shape)
             array.flags.writeable = False

@@ -33,8 +33,14 @@ class NodeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A one-way message whose handler crashed the actor this often is dead-lettered."""
 
     def __post_init__(self) -> None:
-        for name in ("heartbeat_interval", "heartbeat_timeout", "resend_interval",
-                     "credit_idle", "call_timeout", "shutdown_timeout"):
+        for name in (
+            "heartbeat_interval",
+            "heartbeat_timeout",
+            "resend_interval",
+            "credit_idle",
+            "call_timeout",
+            "shutdown_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"NodeConfig.{name} must be positive, got {getattr(self, name)}")
         if self.heartbeat_timeout <= self.heartbeat_interval:
@@ -42,7 +48,6 @@ class NodeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 "NodeConfig.heartbeat_timeout must exceed heartbeat_interval "
                 f"({self.heartbeat_timeout} <= {self.heartbeat_interval})"
             )
-        for name in ("max_frame_bytes", "batch_items", "batch_bytes", "max_peers",
-                     "max_attempts"):
+        for name in ("max_frame_bytes", "batch_items", "batch_bytes", "max_peers", "max_attempts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"NodeConfig.{name} must be at least 1, got {getattr(self, name)}")

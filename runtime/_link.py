@@ -80,7 +80,9 @@ class LinkStatistics(msgspec.Struct, frozen=True):
 class _Pending:
     """A data message kept until the peer acknowledges it."""
 
-    __slots__ = ("call", "data", "frames", "nbytes", "queued", "sent_at", "seq", "target")
+    __slots__ = (
+        "call", "data", "frames", "nacked", "nbytes", "queued", "sent_at", "seq", "target",
+    )
 
     def __init__(self, seq: int, target: str, data: bytes, frames: list[Buffer], call: int) -> None:
         self.seq = seq
@@ -90,6 +92,7 @@ class _Pending:
         self.nbytes = len(data) + sum(memoryview(f).nbytes for f in frames)
         self.call = call
         self.queued = True
+        self.nacked = False
         self.sent_at = 0.0
 
 
@@ -97,7 +100,12 @@ class _Credit:
     """What this node may still send to one actor on the peer."""
 
     __slots__ = (
-        "balance", "denied", "granted_before", "last_used", "outstanding", "requested_at",
+        "balance",
+        "denied",
+        "granted_before",
+        "last_used",
+        "outstanding",
+        "requested_at",
         "waiter",
     )
 
@@ -319,7 +327,8 @@ class Link:
     def on_nack(self, seq: int) -> None:
         pending = self._unacked.get(seq)
         if pending is not None:
-            pending.sent_at = anyio.current_time()  # retried after resend_interval
+            pending.nacked = True  # retried after resend_interval, received mark or not
+            pending.sent_at = anyio.current_time()
 
     def on_grant(self, target: str, amount: int) -> None:
         credit = self._credits.get(target)
@@ -407,14 +416,20 @@ class Link:
 
     def _has_output(self) -> bool:
         return bool(
-            self._outbox or self._replies or self._acks or self._nacks or self._requests
-            or self._grants or self._returns or self._denied
+            self._outbox
+            or self._replies
+            or self._acks
+            or self._nacks
+            or self._requests
+            or self._grants
+            or self._returns
+            or self._denied
         )
 
     def _control_items(self) -> list[tuple[bytes, Sequence[Buffer]]]:
         items: list[tuple[bytes, Sequence[Buffer]]] = []
         for start in range(0, len(self._acks), _MAX_ACKS_PER_ITEM):
-            items.append((encode_item(Ack(self._acks[start:start + _MAX_ACKS_PER_ITEM])), ()))
+            items.append((encode_item(Ack(self._acks[start : start + _MAX_ACKS_PER_ITEM])), ()))
         items.extend((encode_item(Nack(seq, reason)), ()) for seq, reason in self._nacks)
         items.extend(
             (encode_item(CreditRequest(t, self._outstanding(t))), ()) for t in self._requests
@@ -469,8 +484,12 @@ class Link:
                     items.append((pending.data, pending.frames))
                     size += pending.nbytes
             frames = encode_batch(
-                self.local, self.incarnation, self.peer_incarnation, self.base,
-                self._recv_hwm, items,
+                self.local,
+                self.incarnation,
+                self.peer_incarnation,
+                self.base,
+                self._recv_hwm,
+                items,
             )
             try:
                 connection.send_nowait(frames)
@@ -516,17 +535,27 @@ class Link:
             self.mark_down(now)
             went_down = True
         for pending in self._unacked.values():
-            if (not pending.queued and pending.seq > self._peer_received
-                    and now - pending.sent_at >= config.resend_interval):
+            if (
+                not pending.queued
+                and (pending.nacked or pending.seq > self._peer_received)
+                and now - pending.sent_at >= config.resend_interval
+            ):
                 pending.queued = True
+                pending.nacked = False
                 self._outbox.append(pending)
                 self._resent += 1
         for target, credit in self._credits.items():
-            if credit.requested_at is not None and now - credit.requested_at >= config.resend_interval:
+            if (
+                credit.requested_at is not None
+                and now - credit.requested_at >= config.resend_interval
+            ):
                 credit.requested_at = now
                 self._requests.add(target)
-            elif (credit.balance > 0 and credit.waiter is None
-                    and now - credit.last_used >= config.credit_idle):
+            elif (
+                credit.balance > 0
+                and credit.waiter is None
+                and now - credit.last_used >= config.credit_idle
+            ):
                 self._returns[target] = self._returns.get(target, 0) + credit.balance
                 credit.balance = 0
         if self._has_output():

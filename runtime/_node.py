@@ -364,9 +364,17 @@ class Node:
         try:
             data, frames = self._codec.encode(ReplyOut(envelope.call, status, payload))
         except (TypeError, ValueError) as exc:
-            data, frames = self._codec.encode(ReplyOut(envelope.call, ERROR, ErrorInfo(
-                actor, type(exc).__name__, f"the reply could not be encoded: {exc}",
-            )))
+            data, frames = self._codec.encode(
+                ReplyOut(
+                    envelope.call,
+                    ERROR,
+                    ErrorInfo(
+                        actor,
+                        type(exc).__name__,
+                        f"the reply could not be encoded: {exc}",
+                    ),
+                )
+            )
         link.queue_reply(data, frames)
 
     def grant_credit(self, peer: str, target: str, amount: int) -> None:
@@ -434,10 +442,13 @@ class Node:
             if header.sender == self.name or not header.sender:
                 raise FrameError("bad_sender", f"a batch claims to come from {header.sender!r}")
             if connection.identity is not None and connection.identity != header.sender:
-                raise FrameError("bad_sender", (
-                    f"a peer that connected as {connection.identity!r} claims to be "
-                    f"{header.sender!r}"
-                ))
+                raise FrameError(
+                    "bad_sender",
+                    (
+                        f"a peer that connected as {connection.identity!r} claims to be "
+                        f"{header.sender!r}"
+                    ),
+                )
             joined = self._joining.pop(connection, None)
             if joined is not None:
                 self._addresses[header.sender] = joined
@@ -457,8 +468,10 @@ class Node:
         came_up, restarted = link.on_header(header, anyio.current_time())
         if came_up or restarted:
             self.log.info(
-                "peer_restarted" if restarted else "peer_up", peer=link.peer,
-                incarnation=header.incarnation, unacked=link.unacked,
+                "peer_restarted" if restarted else "peer_up",
+                peer=link.peer,
+                incarnation=header.incarnation,
+                unacked=link.unacked,
             )
             seqs = self._preseen.pop((link.peer, header.incarnation), None)
             if seqs:
@@ -469,7 +482,7 @@ class Node:
         answers_us = header.peer_incarnation == self.incarnation
         cursor = 1
         for count, raw in header.items:
-            item_frames = frames[cursor:cursor + count]
+            item_frames = frames[cursor : cursor + count]
             cursor += count
             try:
                 item = decode_item(raw)
@@ -498,24 +511,22 @@ class Node:
                 link.on_denied(item.target)
 
     def _on_data(self, link: Link, item: Data, frames: list[Buffer]) -> None:
-        cell = self._cells.get(item.target)
-        if cell is None:
-            self._reject(FrameError(
-                "unknown_actor", f"no actor named {item.target!r} on node {self.name!r}"
-            ), peer=link.peer)
-            if item.call:
-                link.mark_received(item.seq)
-                self._reply_error(link, item.call, NOT_FOUND, item.target,
-                                  f"no actor named {item.target!r} on node {self.name!r}")
-                link.settle(item.seq, link.peer_incarnation)
-            else:
-                link.nack(item.seq, "unknown actor")
-            return
         seen = link.seen(item.seq)
         if seen is Seen.PENDING:
             return
         if seen is Seen.SETTLED:
             link.ack_again(item.seq)
+            return
+        cell = self._cells.get(item.target)
+        if cell is None:
+            missing = f"no actor named {item.target!r} on node {self.name!r}"
+            self._reject(FrameError("unknown_actor", missing), peer=link.peer)
+            if item.call:
+                link.mark_received(item.seq)
+                self._reply_error(link, item.call, NOT_FOUND, item.target, missing)
+                link.settle(item.seq, link.peer_incarnation)
+            else:
+                link.nack(item.seq, "unknown actor")
             return
         try:
             message = self._codec.decode(item.payload, frames, cell.inbox)
@@ -532,10 +543,17 @@ class Node:
             link.nack(item.seq, "far over credit")
             return
         link.mark_received(item.seq)
-        cell.deliver(Envelope(
-            message, peer=link.peer, incarnation=link.peer_incarnation, seq=item.seq,
-            call=item.call, source=item.source, trace=item.trace,
-        ))
+        cell.deliver(
+            Envelope(
+                message,
+                peer=link.peer,
+                incarnation=link.peer_incarnation,
+                seq=item.seq,
+                call=item.call,
+                source=item.source,
+                trace=item.trace,
+            )
+        )
 
     def _reply_error(self, link: Link, call: int, status: int, actor: str, message: str) -> None:
         data, frames = self._codec.encode(ReplyOut(call, status, ErrorInfo(actor, "", message)))
@@ -566,18 +584,21 @@ class Node:
             self._last_logged[error.reason] = (last, suppressed + 1)
             return
         self._last_logged[error.reason] = (now, 0)
-        self.log.warning("rejected", reason=error.reason, detail=error.detail,
-                         suppressed=suppressed, **where)
+        self.log.warning(
+            "rejected", reason=error.reason, detail=error.detail, suppressed=suppressed, **where
+        )
 
     def _on_peer_down(self, link: Link) -> None:
         failed = 0
         for call_id in link.forget_calls():
             pending = self._calls.get(call_id)
             if pending is not None:
-                pending.fail(PeerUnavailable(
-                    f"node {link.peer!r} stopped answering (no heartbeat for "
-                    f"{self.config.heartbeat_timeout} s)"
-                ))
+                pending.fail(
+                    PeerUnavailable(
+                        f"node {link.peer!r} stopped answering (no heartbeat for "
+                        f"{self.config.heartbeat_timeout} s)"
+                    )
+                )
                 failed += 1
         self.log.warning("peer_down", peer=link.peer, unacked=link.unacked, calls_failed=failed)
 

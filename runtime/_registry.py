@@ -61,7 +61,11 @@ class Registry(Actor):
         match message:
             case Register(name=name, node=node, address=address):
                 existing = self._entries.get(name)
-                if existing is not None and existing.node != node and self.node.peer_is_up(existing.node):
+                if (
+                    existing is not None
+                    and existing.node != node
+                    and self.node.peer_is_up(existing.node)
+                ):
                     raise ValueError(
                         f"the name {name!r} is taken by an actor on node {existing.node!r}"
                     )

@@ -69,7 +69,9 @@ class Supervisor:
         self._lock = anyio.Lock()
         self._tasks: anyio.abc.TaskGroup | None = None
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Supervise until cancelled or escalated."""
         try:
             async with anyio.create_task_group() as tasks:
@@ -133,8 +135,11 @@ class Supervisor:
     async def _on_failure(self, child: _Child, failure: BaseException) -> None:
         async with self._lock:
             self.node.log.warning(
-                "child_failed", supervisor=self.name, child=child.target.name,
-                strategy=self.strategy, error=_describe(failure),
+                "child_failed",
+                supervisor=self.name,
+                child=child.target.name,
+                strategy=self.strategy,
+                error=_describe(failure),
             )
             index = self._children.index(child)
             if self.strategy == "one_for_one":
@@ -165,8 +170,11 @@ class Supervisor:
             self._history.popleft()
         if len(self._history) > self.intensity:
             self.node.log.error(
-                "supervisor_escalated", supervisor=self.name, child=child.target.name,
-                restarts=len(self._history), period=self.period,
+                "supervisor_escalated",
+                supervisor=self.name,
+                child=child.target.name,
+                restarts=len(self._history),
+                period=self.period,
             )
             raise SupervisionEscalated(
                 f"supervisor {self.name!r} exceeded {self.intensity} restarts in "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import cast
 
 import anyio
 import anyio.abc
@@ -138,10 +139,10 @@ class _SocketDriver:
 
     async def run(self) -> None:
         sock = self._sock
-        fd = sock.getsockopt(zmq.FD)
+        fd = cast(int, sock.getsockopt(zmq.FD))
         try:
             while True:
-                events = sock.getsockopt(zmq.EVENTS)
+                events = _events(sock)
                 if events & zmq.POLLOUT and self._writable is not None:
                     self._writable.set()
                     self._writable = None
@@ -178,7 +179,7 @@ class _SocketDriver:
             self._kick_if_readable()
 
     async def wait_writable(self) -> None:
-        if self._sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+        if _events(self._sock) & zmq.POLLOUT:
             await anyio.lowlevel.checkpoint()
             return
         if self._writable is None:
@@ -189,7 +190,7 @@ class _SocketDriver:
         await writable.wait()
 
     def _kick_if_readable(self) -> None:
-        if self._waiting is not None and self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if self._waiting is not None and _events(self._sock) & zmq.POLLIN:
             self._waiting.cancel()
 
 
@@ -223,3 +224,8 @@ class _RouterRoute(Connection):
 
     def __repr__(self) -> str:
         return f"<zmq route back to {self._identity.decode(errors='replace')}>"
+
+
+def _events(sock: zmq.Socket[bytes]) -> int:
+    """Read ``zmq.EVENTS``, which also processes the socket's pending commands."""
+    return cast(int, sock.getsockopt(zmq.EVENTS))

@@ -72,8 +72,15 @@ async def open_cluster(
         )
         nodes = [head]
         for name in names[1:]:
-            nodes.append(await stack.enter_async_context(open_node(
-                name, listen=f"mem://{name}", head=head.address, config=config,
-                transport=network,
-            )))
+            nodes.append(
+                await stack.enter_async_context(
+                    open_node(
+                        name,
+                        listen=f"mem://{name}",
+                        head=head.address,
+                        config=config,
+                        transport=network,
+                    )
+                )
+            )
         yield nodes

@@ -34,7 +34,9 @@ async def open_pair(
         head = await stack.enter_async_context(
             open_node("head", listen=listen[0], config=config, transport=network)
         )
-        worker = await stack.enter_async_context(open_node(
-            "worker", listen=listen[1], head=head.address, config=config, transport=network
-        ))
+        worker = await stack.enter_async_context(
+            open_node(
+                "worker", listen=listen[1], head=head.address, config=config, transport=network
+            )
+        )
         yield head, worker

@@ -17,8 +17,8 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime import Actor, Message, NodeConfig, Request, configure_logging, open_node  # noqa: E402
-from tests.sample_actors import Journal  # noqa: E402
+from runtime import Actor, Message, NodeConfig, Request, configure_logging, open_node
+from tests.sample_actors import Journal
 
 
 class Probed(Message, frozen=True):

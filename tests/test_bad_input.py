@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runtime import Node, NodeConfig, open_node
-from runtime._wire import PROTOCOL, Data, DataOut, Header
-from tests.sample_actors import Add, Count, Counter, Get
+from runtime._wire import PROTOCOL, DataOut, Header
+from tests.sample_actors import Add, Counter, Get
 
 pytestmark = pytest.mark.anyio
 LIMIT = 1 << 20
@@ -45,15 +45,18 @@ class Rig:
 
     async def wait_rejected(self, reason: str, count: int = 1) -> None:
         with anyio.fail_after(5):
-            while self.head.statistics().rejected.get(reason, 0) < count:
+            # The node publishes rejections as counters, so the test polls them.
+            while self.head.statistics().rejected.get(reason, 0) < count:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
 
 
 @asynccontextmanager
 async def open_rig() -> AsyncIterator[Rig]:
     config = NodeConfig(max_frame_bytes=LIMIT)
-    async with open_node("head", config=config) as head, \
-            open_node("worker", head=head.address, config=config) as worker:
+    async with (
+        open_node("head", config=config) as head,
+        open_node("worker", head=head.address, config=config) as worker,
+    ):
         await head.spawn("counter", Counter)
         context = zmq.Context()
         raw = context.socket(zmq.DEALER)
@@ -66,7 +69,9 @@ async def open_rig() -> AsyncIterator[Rig]:
             context.destroy(linger=0)
 
 
-def header(items: list[tuple[int, bytes]], *, sender: str = "fuzzer", protocol: int = PROTOCOL) -> bytes:
+def header(
+    items: list[tuple[int, bytes]], *, sender: str = "fuzzer", protocol: int = PROTOCOL
+) -> bytes:
     return msgspec.msgpack.encode(
         Header(protocol, sender, 7, 0, 0, 0, [(n, msgspec.Raw(item)) for n, item in items])
     )
@@ -78,20 +83,38 @@ def data(target: str, payload: Any, seq: int = 1) -> bytes:
 
 CASES: list[tuple[str, Callable[[], list[bytes]], str]] = [
     ("random bytes", lambda: [b"\xc1\xff\x00garbage"], "bad_header"),
-    ("truncated: a frame announced but missing", lambda: [header([(1, data("counter", Add(1)))])],
-     "frame_count"),
+    (
+        "truncated: a frame announced but missing",
+        lambda: [header([(1, data("counter", Add(1)))])],
+        "frame_count",
+    ),
     ("oversized frame", lambda: [header([]), b"\x00" * (LIMIT + 1)], "oversized"),
     ("another protocol version", lambda: [header([], protocol=99)], "protocol"),
-    ("a sender other than the connection's identity", lambda: [header([], sender="worker")],
-     "bad_sender"),
-    ("an item of an unknown kind", lambda: [header([(0, msgspec.msgpack.encode([99, 1]))])],
-     "bad_item"),
-    ("a message for an unknown actor", lambda: [header([(0, data("nobody", Add(1)))])],
-     "unknown_actor"),
-    ("an unknown message type", lambda: [header([(0, data("counter", {"type": "Drop"}))])],
-     "bad_payload"),
-    ("a field of the wrong type", lambda: [header([(0, data("counter", {"type": "Add", "n": "x"}))])],
-     "bad_payload"),
+    (
+        "a sender other than the connection's identity",
+        lambda: [header([], sender="worker")],
+        "bad_sender",
+    ),
+    (
+        "an item of an unknown kind",
+        lambda: [header([(0, msgspec.msgpack.encode([99, 1]))])],
+        "bad_item",
+    ),
+    (
+        "a message for an unknown actor",
+        lambda: [header([(0, data("nobody", Add(1)))])],
+        "unknown_actor",
+    ),
+    (
+        "an unknown message type",
+        lambda: [header([(0, data("counter", {"type": "Drop"}))])],
+        "bad_payload",
+    ),
+    (
+        "a field of the wrong type",
+        lambda: [header([(0, data("counter", {"type": "Add", "n": "x"}))])],
+        "bad_payload",
+    ),
 ]
 
 
@@ -125,24 +148,47 @@ frames_strategy = st.one_of(
     st.lists(st.binary(max_size=512), min_size=1, max_size=4),
     st.builds(
         lambda sender, inc, base, items, extra: [
-            msgspec.msgpack.encode([PROTOCOL, sender, inc, 0, base, 0, items]), *extra
+            msgspec.msgpack.encode([PROTOCOL, sender, inc, 0, base, 0, items]),
+            *extra,
         ],
         st.sampled_from(["fuzzer", "", "head"]),
         int64,
         int64,
-        st.lists(st.tuples(st.integers(-2, 3), st.one_of(
-            st.binary(max_size=64).map(msgspec.Raw),
-            st.builds(lambda seq, target, payload: msgspec.Raw(msgspec.msgpack.encode(
-                [1, seq, target, "fuzz", 0, 0, payload])),
-                st.integers(-5, 2**40), st.sampled_from(["counter", "nobody", ""]),
-                st.one_of(st.none(), int64, st.text(max_size=8),
-                          st.fixed_dictionaries({"type": st.sampled_from(["Add", "Get", "X"]),
-                                                 "n": st.one_of(int64, st.text())}))),
-            st.builds(lambda tag, rest: msgspec.Raw(msgspec.msgpack.encode([tag, *rest])),
-                      st.integers(0, 9), st.lists(st.one_of(int64, st.text(max_size=8),
-                                                            st.lists(int64, max_size=3)),
-                                                  max_size=4)),
-        )), max_size=4),
+        st.lists(
+            st.tuples(
+                st.integers(-2, 3),
+                st.one_of(
+                    st.binary(max_size=64).map(msgspec.Raw),
+                    st.builds(
+                        lambda seq, target, payload: msgspec.Raw(
+                            msgspec.msgpack.encode([1, seq, target, "fuzz", 0, 0, payload])
+                        ),
+                        st.integers(-5, 2**40),
+                        st.sampled_from(["counter", "nobody", ""]),
+                        st.one_of(
+                            st.none(),
+                            int64,
+                            st.text(max_size=8),
+                            st.fixed_dictionaries(
+                                {
+                                    "type": st.sampled_from(["Add", "Get", "X"]),
+                                    "n": st.one_of(int64, st.text()),
+                                }
+                            ),
+                        ),
+                    ),
+                    st.builds(
+                        lambda tag, rest: msgspec.Raw(msgspec.msgpack.encode([tag, *rest])),
+                        st.integers(0, 9),
+                        st.lists(
+                            st.one_of(int64, st.text(max_size=8), st.lists(int64, max_size=3)),
+                            max_size=4,
+                        ),
+                    ),
+                ),
+            ),
+            max_size=4,
+        ),
         st.lists(st.binary(max_size=64), max_size=3),
     ),
 )
@@ -152,8 +198,9 @@ async def test_hypothesis_generated_frames_never_stop_the_node() -> None:
     async with open_rig() as rig:
         examples = 0
 
-        @settings(max_examples=300, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
         @given(frames=frames_strategy)
         def fuzz(frames: list[bytes]) -> None:
             nonlocal examples

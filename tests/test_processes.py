@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import anyio
 import pytest
+from anyio.abc import Process
 
 from runtime import ActorRef, Node, open_node
 from tests.node_process import Probe, config, rss_bytes
@@ -27,22 +27,24 @@ def anyio_backend() -> str:
     return "trio"
 
 
-async def start_consumer(head: Node, listen: str, journal: Path, delay: float) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [sys.executable, str(NODE), "--head", head.address, "--listen", listen,
-         "--journal", str(journal), "--delay", str(delay)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+async def start_consumer(head: Node, listen: str, journal: Path, delay: float) -> Process:
+    args = ["--head", head.address, "--listen", listen, "--journal", str(journal)]
+    process = await anyio.open_process(
+        [sys.executable, str(NODE), *args, "--delay", str(delay)], stderr=None
     )
     assert process.stdout is not None
-    line = await anyio.to_thread.run_sync(process.stdout.readline)
+    line = b""
+    while not line.endswith(b"\n"):
+        line += await process.stdout.receive()
     assert json.loads(line)["ready"], line
     return process
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
+async def stop(process: Process) -> None:
+    if process.returncode is None:
         process.kill()
-    process.wait(timeout=30)
+    with anyio.fail_after(30):
+        await process.wait()
 
 
 async def test_fast_producer_slows_to_a_slow_consumer_with_bounded_memory(tmp_path: Path) -> None:
@@ -72,7 +74,7 @@ async def test_fast_producer_slows_to_a_slow_consumer_with_bounded_memory(tmp_pa
                 tasks.cancel_scope.cancel()
             handled = (await node.call(probe, Probe(), timeout=10)).handled
         finally:
-            stop(consumer)
+            await stop(consumer)
     capacity = 32  # Journal.mailbox_size
     assert handled > 200, "the consumer barely ran; the figures below would mean nothing"
     assert sent - handled <= 2 * capacity, f"producer ran ahead: sent {sent}, handled {handled}"
@@ -101,10 +103,11 @@ async def test_killed_receiver_handles_every_accepted_message_exactly_once(tmp_p
 
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(produce)
-                while len(journal.read_text().splitlines()) < total // 3:
+                # Another process writes the journal: there is nothing to wait on but the file.
+                while len(journal.read_text().splitlines()) < total // 3:  # noqa: ASYNC110
                     await anyio.sleep(0.01)
                 os.kill(consumer.pid, signal.SIGKILL)
-                await anyio.to_thread.run_sync(consumer.wait)
+                await consumer.wait()
                 killed_after = len(journal.read_text().splitlines())
                 consumer = await start_consumer(node, listen, journal, 0.0005)
                 with anyio.fail_after(120):
@@ -112,7 +115,7 @@ async def test_killed_receiver_handles_every_accepted_message_exactly_once(tmp_p
                     await node.wait_acknowledged()
             link = node.link_statistics("consumer")
         finally:
-            stop(consumer)
+            await stop(consumer)
     keys = [int(line.split()[0]) for line in journal.read_text().splitlines()]
     assert total // 3 <= killed_after < total, "the kill did not land mid-stream"
     assert link.resent > 0, "nothing was redelivered, so the restart proved nothing"

@@ -31,6 +31,7 @@ class Member(Actor):
     starts: dict[str, int] = {}
     handled: list[tuple[str, int]] = []
     attempts: dict[int, int] = {}
+    changed = anyio.Event()
 
     async def on_start(self) -> None:
         Member.starts[self.name] = Member.starts.get(self.name, 0) + 1
@@ -43,7 +44,14 @@ class Member(Actor):
             if seen <= message.times:
                 raise RuntimeError(f"poison {message.key}, attempt {seen}")
         Member.handled.append((self.name, message.key))
+        Member.changed.set()
         return None
+
+
+async def wait_handled(entry: tuple[str, int]) -> None:
+    while entry not in Member.handled:
+        Member.changed = anyio.Event()
+        await Member.changed.wait()
 
 
 @pytest.fixture(autouse=True)
@@ -66,8 +74,7 @@ async def test_crashed_actor_gets_its_message_again_and_keeps_its_order(
         await head.send(a, Record(1))
         await head.send(a, Poison(2, times=1))
         await head.send(a, Record(3))
-        while len(Member.handled) < 3:
-            await anyio.sleep(0.01)
+        await wait_handled(("a", 3))
         assert Member.handled == [("a", 1), ("a", 2), ("a", 3)]
         assert Member.attempts == {2: 2}
         assert Member.starts == {"a": 2, "b": 1, "c": 1}
@@ -85,8 +92,7 @@ async def test_strategies_restart_the_right_children(
     async with open_cluster("head") as (head,):
         _, (_, b, _) = await spawn_team(head, strategy)
         await head.send(b, Poison(7, times=1))
-        while ("b", 7) not in Member.handled:
-            await anyio.sleep(0.01)
+        await wait_handled(("b", 7))
         assert {name for name, starts in Member.starts.items() if starts == 2} == restarted
         assert {name for name, starts in Member.starts.items() if starts == 1} == (
             {"a", "b", "c"} - restarted
@@ -102,8 +108,7 @@ async def test_a_message_that_keeps_crashing_is_dead_lettered(
         _, (a, _, _) = await spawn_team(head, "one_for_one", intensity=5)
         await head.send(a, Poison(1, times=100))
         await head.send(a, Record(2))
-        while ("a", 2) not in Member.handled:
-            await anyio.sleep(0.01)
+        await wait_handled(("a", 2))
         stats = head.actor_statistics("a")
         assert (stats.dead_lettered, stats.restarts, Member.attempts[1]) == (1, 3, 3)
 
@@ -144,8 +149,13 @@ async def test_a_silent_node_is_detected_within_the_heartbeat_timeout(
 
         async def worker() -> None:
             with worker_scope:
-                async with open_node("worker", listen="mem://worker", head="mem://head",
-                                     config=config, transport=network) as node:
+                async with open_node(
+                    "worker",
+                    listen="mem://worker",
+                    head="mem://head",
+                    config=config,
+                    transport=network,
+                ) as node:
                     await node.spawn("counter", Counter)
                     started.set()
                     await anyio.sleep_forever()
