@@ -1,1 +1,1 @@
-"""actors"""
+"""Agent roles, workflows, the conductor, generation engines and the domain messages."""

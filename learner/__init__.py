@@ -1,1 +1,1 @@
-"""learner"""
+"""Learner actors: advantages, losses, weight publication and checkpoints."""

@@ -1,1 +1,1 @@
-"""rewards"""
+"""Answer checking, agent-specific rewards and the judge (feedback-reward) actor."""

@@ -81,7 +81,15 @@ class _Pending:
     """A data message kept until the peer acknowledges it."""
 
     __slots__ = (
-        "call", "data", "frames", "nacked", "nbytes", "queued", "sent_at", "seq", "target",
+        "call",
+        "data",
+        "frames",
+        "nacked",
+        "nbytes",
+        "queued",
+        "sent_at",
+        "seq",
+        "target",
     )
 
     def __init__(self, seq: int, target: str, data: bytes, frames: list[Buffer], call: int) -> None:
@@ -143,6 +151,7 @@ class Link:
         self._next_seq = 1
         self._unacked: dict[int, _Pending] = {}
         self._outbox: deque[_Pending] = deque()
+        self._outbox_bytes = 0  # what was enqueued since the outbox was last empty
         self._replies: deque[tuple[bytes, Sequence[Buffer]]] = deque()
         self._acks: list[int] = []
         self._nacks: list[tuple[int, str]] = []
@@ -281,8 +290,13 @@ class Link:
         if credit is not None:
             credit.outstanding += 1
         self._outbox.append(pending)
+        self._outbox_bytes += pending.nbytes
         self._sent += 1
-        if urgent or len(self._outbox) >= self.config.batch_items:
+        if (
+            urgent
+            or len(self._outbox) >= self.config.batch_items
+            or self._outbox_bytes >= self.config.batch_bytes
+        ):
             self.flush_nowait()
         else:
             self.wake()
@@ -508,6 +522,7 @@ class Link:
             self._clear_control()
             self.last_sent = now
             self._batches_sent += 1
+        self._outbox_bytes = 0
         return True
 
     async def run_flusher(self) -> None:
