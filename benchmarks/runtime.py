@@ -6,7 +6,9 @@ messages to a sink actor in a peer process, then calls ``Flush``, which is answe
 once the sink has handled all of them: throughput is ``count`` over that time. The raw
 baseline pushes the same number of frames over PUSH/PULL and waits for the peer's
 count. Latency is the round trip of a 64-byte ``call`` against a REQ/REP round trip.
-Every figure is the median of ``reps`` repetitions; ratios compare medians.
+Runtime and raw repetitions alternate, so both see the same moment of a shared, noisy
+machine. Every figure is the median of ``reps`` repetitions; a ratio is the median of
+the per-repetition ratios (each runtime repetition against the raw one beside it).
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ import zmq
 
 from benchmarks.harness import Figure, percentile, write_json
 from benchmarks.runtime_messages import Flush, Payload, Ping
-from runtime import Blob, open_node
+from runtime import ActorRef, Blob, Node, open_node
 
 SIZES = [64, 1024, 64 * 1024, 1024 * 1024]
-FULL = {
+FULL: dict[str, Any] = {
     "reps": 5,
     "latency_calls": 2000,
     "counts": {64: 200_000, 1024: 100_000, 65536: 10_000, 1048576: 1_000},
 }
-QUICK = {
+QUICK: dict[str, Any] = {
     "reps": 1,
     "latency_calls": 200,
     "counts": {64: 5_000, 1024: 5_000, 65536: 500, 1048576: 50},
@@ -60,87 +62,110 @@ def _peer(*args: str) -> subprocess.Popen[bytes]:
     )
 
 
-async def _runtime(transport: str, workdir: Path, plan: dict[str, Any]) -> dict[str, Any]:
+class _RuntimeSide:
+    """The driver node's half of the runtime measurements; the peer process hosts the
+    sink and echo actors."""
+
+    def __init__(self, node: Node, sink: ActorRef, echo: ActorRef) -> None:
+        self.node, self.sink, self.echo = node, sink, echo
+
+    async def throughput(self, size: int, count: int) -> float:
+        message = payload(size)
+        start = time.perf_counter()
+        for _ in range(count):
+            await self.node.send(self.sink, message)
+        flushed = await self.node.call(self.sink, Flush(), timeout=600)
+        elapsed = time.perf_counter() - start
+        if flushed.count != count:
+            raise RuntimeError(f"sink handled {flushed.count} of {count} messages")
+        return count / elapsed
+
+    async def latency(self, calls: int) -> list[float]:
+        ping, samples = Ping(bytes(64)), []
+        for _ in range(calls):
+            start = time.perf_counter()
+            await self.node.call(self.echo, ping, timeout=60)
+            samples.append(time.perf_counter() - start)
+        return samples
+
+
+class _RawSide:
+    """Blocking pyzmq PUSH/PULL and REQ/REP against the raw peer process; its methods
+    block, so the driver runs them in a worker thread while its event loop idles."""
+
+    def __init__(self, context: zmq.Context[zmq.Socket[bytes]], addresses: dict[str, str]):
+        self.push, self.pull, self.req = (context.socket(k) for k in (zmq.PUSH, zmq.PULL, zmq.REQ))
+        for sock, name in ((self.push, "pull"), (self.pull, "push"), (self.req, "rep")):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.connect(addresses[name])
+
+    def throughput(self, size: int, count: int) -> float:
+        data, zero_copy = bytearray(size), size >= BULK
+        start = time.perf_counter()
+        for _ in range(count):
+            self.push.send(data, 0, not zero_copy)
+        self.push.send(b"END")
+        received = int(self.pull.recv())
+        elapsed = time.perf_counter() - start
+        if received != count:
+            raise RuntimeError(f"raw peer received {received} of {count} frames")
+        return count / elapsed
+
+    def latency(self, calls: int) -> list[float]:
+        ping, samples = bytes(64), []
+        for _ in range(calls):
+            start = time.perf_counter()
+            self.req.send(ping)
+            self.req.recv()
+            samples.append(time.perf_counter() - start)
+        return samples
+
+    def stop(self) -> None:
+        self.push.send(b"STOP")
+
+
+async def _measure(transport: str, workdir: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    """Alternate runtime and raw repetition by repetition, so both see the same machine
+    (it is shared and noisy); the first repetition of each figure warms up."""
     listen = "tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{workdir}/driver"
     peer_listen = "tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{workdir}/peer"
+    samples: dict[str, Any] = {"runtime": {}, "raw": {}, "runtime_latency": [], "raw_latency": []}
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     async with open_node("bench", listen=listen) as node:
         peer = _peer("runtime", "--head", node.address, "--listen", peer_listen)
-        assert peer.stdout is not None and peer.stdin is not None
+        raw_peer = _peer("raw", "--transport", transport, "--dir", str(workdir))
+        assert peer.stdout is not None and peer.stdin is not None and raw_peer.stdout is not None
         try:
             await anyio.to_thread.run_sync(peer.stdout.readline)
-            sink = await node.lookup("sink", timeout=60)
-            echo = await node.lookup("echo", timeout=60)
-            throughput: dict[int, list[float]] = {}
+            addresses = json.loads(await anyio.to_thread.run_sync(raw_peer.stdout.readline))
+            ours = _RuntimeSide(
+                node, await node.lookup("sink", timeout=60), await node.lookup("echo", timeout=60)
+            )
+            raw = _RawSide(context, addresses)
             for size in SIZES:
-                message, count = payload(size), plan["counts"][size]
-                for rep in range(plan["reps"] + 1):  # the first round warms up
-                    start = time.perf_counter()
-                    for _ in range(count):
-                        await node.send(sink, message)
-                    flushed = await node.call(sink, Flush(), timeout=600)
-                    elapsed = time.perf_counter() - start
-                    if flushed.count != count:
-                        raise RuntimeError(f"sink handled {flushed.count} of {count} messages")
+                count = plan["counts"][size]
+                for rep in range(plan["reps"] + 1):
+                    mine = await ours.throughput(size, count)
+                    theirs = await anyio.to_thread.run_sync(raw.throughput, size, count)
                     if rep:
-                        throughput.setdefault(size, []).append(count / elapsed)
-            latency: list[tuple[float, float]] = []
-            ping = Ping(bytes(64))
+                        samples["runtime"].setdefault(size, []).append(mine)
+                        samples["raw"].setdefault(size, []).append(theirs)
             for rep in range(plan["reps"] + 1):
-                samples = []
-                for _ in range(plan["latency_calls"]):
-                    start = time.perf_counter()
-                    await node.call(echo, ping, timeout=60)
-                    samples.append(time.perf_counter() - start)
+                mine_calls = await ours.latency(plan["latency_calls"])
+                raw_calls = await anyio.to_thread.run_sync(raw.latency, plan["latency_calls"])
                 if rep:
-                    latency.append((percentile(samples, 0.5), percentile(samples, 0.99)))
+                    for side, calls in (("runtime", mine_calls), ("raw", raw_calls)):
+                        samples[f"{side}_latency"].append(
+                            (percentile(calls, 0.5), percentile(calls, 0.99))
+                        )
+            raw.stop()
         finally:
             peer.stdin.close()
             await anyio.to_thread.run_sync(peer.wait)
-    return {"throughput": throughput, "latency": latency}
-
-
-def _raw(transport: str, workdir: Path, plan: dict[str, Any]) -> dict[str, Any]:
-    peer = _peer("raw", "--transport", transport, "--dir", str(workdir))
-    assert peer.stdout is not None
-    addresses = json.loads(peer.stdout.readline())
-    context = zmq.Context()
-    push, pull, req = (context.socket(kind) for kind in (zmq.PUSH, zmq.PULL, zmq.REQ))
-    for sock, name in ((push, "pull"), (pull, "push"), (req, "rep")):
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 0)
-        sock.connect(addresses[name])
-    try:
-        throughput: dict[int, list[float]] = {}
-        for size in SIZES:
-            data, count = bytearray(size), plan["counts"][size]
-            zero_copy = size >= BULK
-            for rep in range(plan["reps"] + 1):
-                start = time.perf_counter()
-                for _ in range(count):
-                    push.send(data, copy=not zero_copy)
-                push.send(b"END")
-                received = int(pull.recv())
-                elapsed = time.perf_counter() - start
-                if received != count:
-                    raise RuntimeError(f"raw peer received {received} of {count} frames")
-                if rep:
-                    throughput.setdefault(size, []).append(count / elapsed)
-        latency: list[tuple[float, float]] = []
-        ping = bytes(64)
-        for rep in range(plan["reps"] + 1):
-            samples = []
-            for _ in range(plan["latency_calls"]):
-                start = time.perf_counter()
-                req.send(ping)
-                req.recv()
-                samples.append(time.perf_counter() - start)
-            if rep:
-                latency.append((percentile(samples, 0.5), percentile(samples, 0.99)))
-        push.send(b"STOP")
-    finally:
-        peer.wait(timeout=30)
-        context.destroy(linger=0)
-    return {"throughput": throughput, "latency": latency}
+            await anyio.to_thread.run_sync(raw_peer.wait, 30)
+            context.destroy(linger=0)
+    return samples
 
 
 def run(quick: bool, out: Path) -> dict[str, Any]:
@@ -150,13 +175,10 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
         for transport in ("ipc", "tcp"):
             workdir = Path(tmp) / transport
             workdir.mkdir()
-            ours = anyio.run(_runtime, transport, workdir, plan, backend="trio")
-            raw = _raw(transport, workdir, plan)
+            measured = anyio.run(_measure, transport, workdir, plan, backend="trio")
             for size in SIZES:
-                mine, theirs = (
-                    Figure.of(ours["throughput"][size]),
-                    Figure.of(raw["throughput"][size]),
-                )
+                ours, raws = measured["runtime"][size], measured["raw"][size]
+                mine, theirs = Figure.of(ours), Figure.of(raws)
                 rows.append(
                     {
                         "transport": transport,
@@ -166,13 +188,14 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
                         "raw_msgs_per_s": theirs.as_dict(),
                         "runtime_mb_per_s": mine.median * size / 1e6,
                         "raw_mb_per_s": theirs.median * size / 1e6,
-                        "ratio": mine.median / theirs.median,
+                        "ratio": Figure.of([a / b for a, b in zip(ours, raws, strict=True)]).median,
                     }
                 )
-            p50 = Figure.of([p for p, _ in ours["latency"]])
-            p99 = Figure.of([p for _, p in ours["latency"]])
-            raw50 = Figure.of([p for p, _ in raw["latency"]])
-            raw99 = Figure.of([p for _, p in raw["latency"]])
+            p50 = Figure.of([p for p, _ in measured["runtime_latency"]])
+            p99 = Figure.of([p for _, p in measured["runtime_latency"]])
+            raw50 = Figure.of([p for p, _ in measured["raw_latency"]])
+            raw99 = Figure.of([p for _, p in measured["raw_latency"]])
+            paired = zip(measured["runtime_latency"], measured["raw_latency"], strict=True)
             latency_rows.append(
                 {
                     "transport": transport,
@@ -182,7 +205,7 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
                     "raw_p50_us": raw50.median * 1e6,
                     "raw_p99_us": raw99.median * 1e6,
                     "runtime_p50_range_us": [p50.low * 1e6, p50.high * 1e6],
-                    "ratio_p50": p50.median / raw50.median,
+                    "ratio_p50": Figure.of([a[0] / b[0] for a, b in paired]).median,
                 }
             )
     for name, (size, floor) in TARGETS.items():

@@ -61,7 +61,7 @@ def serve_raw(transport: str, directory: str) -> None:
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.SNDHWM, 0)
         sock.bind("tcp://127.0.0.1:*" if transport == "tcp" else f"ipc://{directory}/raw-{name}")
-        addresses[name] = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        addresses[name] = sock.getsockopt_string(zmq.LAST_ENDPOINT)
     print(json.dumps(addresses), flush=True)
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
