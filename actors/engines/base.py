@@ -1,0 +1,138 @@
+"""What every generation engine shares: the core interface, request validation, and
+the engine actor that puts a core on the runtime.
+
+A core (``TorchEngine``, ``VllmEngine``) owns a model and a generation loop and is run
+by an ``open_*`` context manager; ``EngineActor`` is the thin adapter that answers
+``Generate`` calls concurrently, assembles ``WeightBucket``s into a version and hands it
+to the core. The core outlives restarts of its actor.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from actors.engines.weights import from_bucket
+from actors.messages import (
+    EngineStats,
+    Generate,
+    Generation,
+    GetEngineStats,
+    Sample,
+    SamplingParams,
+    WeightBucket,
+    WeightsApplied,
+)
+from runtime import Actor
+
+
+class BadRequest(ValueError):
+    """A generation request an engine cannot serve; the message names the field."""
+
+
+class EngineCore(Protocol):
+    kind: str
+    policy: str
+    version: int
+
+    async def generate(self, request: Generate) -> list[Sample]: ...
+
+    async def update_weights(self, version: int, named: list[tuple[str, torch.Tensor]]) -> float:
+        """Apply weights between decode steps without dropping running requests;
+        returns the seconds generation was paused."""
+        ...
+
+    def statistics(self) -> EngineStats: ...
+
+
+def check_sampling(sampling: SamplingParams, max_tokens_limit: int) -> None:
+    """Raise BadRequest naming the first sampling field out of range."""
+    problems = [
+        ("n", sampling.n >= 1, "at least 1"),
+        ("temperature", sampling.temperature >= 0, "at least 0"),
+        ("top_p", 0 < sampling.top_p <= 1, "in (0, 1]"),
+        ("top_k", sampling.top_k >= 0, "at least 0 (0 switches it off)"),
+        ("max_tokens", 1 <= sampling.max_tokens <= max_tokens_limit, f"in 1..{max_tokens_limit}"),
+        ("stop", all(sampling.stop), "non-empty strings"),
+    ]
+    for field, ok, expected in problems:
+        if not ok:
+            raise BadRequest(
+                f"Generate.sampling.{field} must be {expected}, got {getattr(sampling, field)!r}"
+            )
+
+
+def check_prompt(prompt: list[int], vocab_size: int, max_positions: int, max_tokens: int) -> None:
+    if not prompt:
+        raise BadRequest("Generate has an empty prompt (give prompt_ids or chat)")
+    low, high = min(prompt), max(prompt)
+    if low < 0 or high >= vocab_size:
+        raise BadRequest(
+            f"Generate.prompt_ids holds token id {low if low < 0 else high}, outside the "
+            f"vocabulary 0..{vocab_size - 1}"
+        )
+    if len(prompt) + max_tokens > max_positions:
+        raise BadRequest(
+            f"Generate: prompt of {len(prompt)} tokens + max_tokens {max_tokens} exceeds the "
+            f"model's {max_positions} positions"
+        )
+
+
+def prompt_array(prompt_ids: np.ndarray | None) -> list[int]:
+    if prompt_ids is None:
+        return []
+    if prompt_ids.ndim != 1 or prompt_ids.dtype.kind not in "iu":
+        raise BadRequest(
+            f"Generate.prompt_ids must be a 1-D integer array, got {prompt_ids.dtype} "
+            f"of shape {prompt_ids.shape}"
+        )
+    return [int(t) for t in prompt_ids]
+
+
+class EngineActor(Actor):
+    """Serves one engine core under a name such as ``engine/solver/0``."""
+
+    inbox = Generate | WeightBucket | GetEngineStats
+    mailbox_size = 1024
+    concurrency = 1024
+
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+        self._buckets: dict[int, dict[int, WeightBucket]] = {}
+
+    async def handle(
+        self, message: Generate | WeightBucket | GetEngineStats
+    ) -> Generation | WeightsApplied | EngineStats:
+        if isinstance(message, Generate):
+            samples = await self.core.generate(message)
+            return Generation(message.request_id, self.core.policy, samples)
+        if isinstance(message, WeightBucket):
+            return await self._on_bucket(message)
+        return self.core.statistics()
+
+    async def _on_bucket(self, bucket: WeightBucket) -> WeightsApplied:
+        policy = self.core.policy
+        if bucket.policy != policy:
+            raise ValueError(
+                f"WeightBucket.policy is {bucket.policy!r}; this engine serves {policy!r}"
+            )
+        if bucket.version <= self.core.version:
+            raise ValueError(
+                f"WeightBucket.version {bucket.version} is not newer than the engine's "
+                f"version {self.core.version}"
+            )
+        if not 0 <= bucket.index < bucket.count:
+            raise ValueError(f"WeightBucket.index {bucket.index} is outside 0..{bucket.count - 1}")
+        list(from_bucket(bucket))  # validate now, so a bad bucket fails its own call
+        held = self._buckets.setdefault(bucket.version, {})
+        held[bucket.index] = bucket
+        if len(held) < bucket.count:
+            return WeightsApplied(policy, bucket.version, applied=False)
+        del self._buckets[bucket.version]
+        for older in [v for v in self._buckets if v < bucket.version]:
+            del self._buckets[older]  # superseded before it was complete
+        named = [pair for index in sorted(held) for pair in from_bucket(held[index])]
+        pause = await self.core.update_weights(bucket.version, named)
+        return WeightsApplied(policy, bucket.version, applied=True, pause_s=pause)

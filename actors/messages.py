@@ -1,0 +1,121 @@
+"""The domain messages: the vocabulary that agents, engines, rewards and learners share.
+
+Every message is a frozen, tagged msgspec Struct (see ``runtime.Message``). Token ids,
+logprobs and versions are numpy arrays, so they travel as raw frames rather than as
+msgpack lists; tensors of a weight update travel as ``Blob`` frames. Messages evolve only
+by adding fields with defaults.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from runtime import Blob, Message, Request
+
+
+class SamplingParams(Message, frozen=True):
+    """How to sample one request; the engines and the learner read them alike.
+
+    ``temperature`` 0 is greedy. ``top_k`` 0 and ``top_p`` 1.0 switch those filters off.
+    A completion ends at ``max_tokens``, at the tokenizer's end-of-sequence token, or
+    when its text contains one of ``stop`` (the text is cut before the stop string; the
+    tokens, which were sampled and carry logprobs, are all kept). ``seed`` makes a
+    request's samples reproducible on the same engine and weights.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 64
+    stop: list[str] = []
+    seed: int | None = None
+
+
+class ChatTurn(Message, frozen=True):
+    role: str
+    content: str
+
+
+class SampleTimings(Message, frozen=True):
+    """Seconds from the engine's receipt of the request."""
+
+    queued: float
+    first_token: float
+    finished: float
+
+
+class Sample(Message, frozen=True):
+    """One completion. ``logprobs[i]`` is the log-probability of ``completion_ids[i]``
+    under the policy that sampled it (see ``actors.sampling``), and ``versions[i]`` is
+    that policy's version: a weight update in the middle of a completion shows here."""
+
+    index: int
+    prompt_ids: np.ndarray
+    completion_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    finish_reason: str
+    text: str
+    timings: SampleTimings
+
+
+class Generation(Message, frozen=True):
+    request_id: str
+    policy: str
+    samples: list[Sample]
+
+
+class Generate(Request[Generation], frozen=True):
+    """Ask an engine for ``sampling.n`` completions of one prompt: either ``prompt_ids``
+    or a ``chat`` rendered with the policy's chat template (with the generation prompt)."""
+
+    request_id: str
+    sampling: SamplingParams = SamplingParams()
+    prompt_ids: np.ndarray | None = None
+    chat: list[ChatTurn] = []
+
+
+class WeightsApplied(Message, frozen=True):
+    """An engine's acknowledgement of a weight bucket. ``applied`` is true once the
+    bucket completed its version and the engine generates with it; ``pause_s`` is how
+    long generation stood still for the update."""
+
+    policy: str
+    version: int
+    applied: bool
+    pause_s: float = 0.0
+
+
+class WeightBucket(Request[WeightsApplied], frozen=True):
+    """Bucket ``index`` of ``count`` of the named tensors of policy version ``version``.
+
+    Each tensor is raw bytes in a ``Blob`` with its dtype (torch's name, e.g.
+    ``float32``, ``bfloat16``) and shape beside it. The engine applies a version once it
+    holds all its buckets, between two decode steps.
+    """
+
+    policy: str
+    version: int
+    index: int
+    count: int
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    data: list[Blob]
+
+
+class EngineStats(Message, frozen=True):
+    policy: str
+    engine: str
+    version: int
+    running: int
+    waiting: int
+    generated_tokens: int
+    decode_steps: int
+    updates: int
+    last_pause_s: float
+
+
+class GetEngineStats(Request[EngineStats], frozen=True):
+    pass
