@@ -20,7 +20,8 @@ class SamplingParams(Message, frozen=True):
     A completion ends at ``max_tokens``, at the tokenizer's end-of-sequence token, or
     when its text contains one of ``stop`` (the text is cut before the stop string; the
     tokens, which were sampled and carry logprobs, are all kept). ``seed`` makes a
-    request's samples reproducible on the same engine and weights.
+    request's samples reproducible on the same engine and weights. ``ignore_eos`` keeps
+    generating past the end-of-sequence token (for benchmarks of fixed lengths).
     """
 
     n: int = 1
@@ -30,6 +31,7 @@ class SamplingParams(Message, frozen=True):
     max_tokens: int = 64
     stop: list[str] = []
     seed: int | None = None
+    ignore_eos: bool = False
 
 
 class ChatTurn(Message, frozen=True):

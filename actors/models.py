@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -58,12 +58,21 @@ def load_checkpoint(
     """Load the causal LM and its tokenizer from a local checkpoint directory."""
     directory = check_checkpoint(path)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
-    model.to(device)
-    model.eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
+    model.to(torch.device(device))
+    model.train(False)
     if model.config.vocab_size < len(tokenizer):
         raise CheckpointError(
             f"model path {str(directory)!r}: the tokenizer has {len(tokenizer)} tokens but "
             f"the model's vocabulary only {model.config.vocab_size}"
         )
     return Checkpoint(directory, model, tokenizer)
+
+
+def parameter_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Every parameter name of the checkpoint's model (as its ``state_dict`` names
+    them, which is what a learner publishes) with its shape, without loading weights."""
+    config = AutoConfig.from_pretrained(check_checkpoint(path), local_files_only=True)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}

@@ -10,14 +10,13 @@ Verifier's verdicts. The chat template is ChatML, as Qwen's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
-    PretrainedConfig,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -35,7 +34,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-_FAMILIES: dict[str, tuple[type[PretrainedConfig], type[torch.nn.Module]]] = {
+_FAMILIES: dict[str, tuple[Any, Any]] = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM),
     "llama": (LlamaConfig, LlamaForCausalLM),

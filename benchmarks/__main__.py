@@ -1,7 +1,8 @@
 """bin/bench: run benchmark suites, print their tables, write SUITE.json under --out.
 
-bin/bench runtime            # the full suite (a few minutes)
-bin/bench runtime --quick    # a short smoke run (CI): checks it works, not speed
+bin/bench runtime            # actor messages against raw pyzmq (about 90 s)
+bin/bench engines            # engines against HF generate, weight updates (minutes)
+bin/bench --quick            # every suite, short (CI): checks they work, not speed
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks import runtime
+from benchmarks import engines, runtime
 
-SUITES = {"runtime": runtime.run}
+SUITES = {"runtime": runtime.run, "engines": engines.run}
 
 
 def main() -> None:

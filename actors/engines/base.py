@@ -57,6 +57,8 @@ def check_sampling(sampling: SamplingParams, max_tokens_limit: int) -> None:
         ("max_tokens", 1 <= sampling.max_tokens <= max_tokens_limit, f"in 1..{max_tokens_limit}"),
         ("stop", all(sampling.stop), "non-empty strings"),
     ]
+    if sampling.temperature == 0 and sampling.n > 1:
+        problems.append(("n", False, "1 when temperature is 0 (greedy samples are all alike)"))
     for field, ok, expected in problems:
         if not ok:
             raise BadRequest(
@@ -78,6 +80,21 @@ def check_prompt(prompt: list[int], vocab_size: int, max_positions: int, max_tok
             f"Generate: prompt of {len(prompt)} tokens + max_tokens {max_tokens} exceeds the "
             f"model's {max_positions} positions"
         )
+
+
+def check_weights(
+    named: list[tuple[str, torch.Tensor]], shapes: dict[str, tuple[int, ...]], policy: str
+) -> None:
+    """Raise ValueError naming the first tensor the model has no place for, before any
+    weight is touched: an update is applied whole or not at all."""
+    for name, tensor in named:
+        expected = shapes.get(name)
+        if expected is None:
+            raise ValueError(f"weight {name!r} is not a parameter of the {policy!r} model")
+        if tuple(tensor.shape) != expected:
+            raise ValueError(
+                f"weight {name!r} has shape {list(tensor.shape)}, the model's is {list(expected)}"
+            )
 
 
 def prompt_array(prompt_ids: np.ndarray | None) -> list[int]:

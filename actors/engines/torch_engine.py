@@ -22,8 +22,14 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from actors.engines.base import BadRequest, check_prompt, check_sampling, prompt_array
-from actors.messages import EngineStats, Generate, Sample, SampleTimings
+from actors.engines.base import (
+    BadRequest,
+    check_prompt,
+    check_sampling,
+    check_weights,
+    prompt_array,
+)
+from actors.messages import EngineStats, Generate, Sample, SampleTimings, SamplingParams
 from actors.models import Checkpoint
 from actors.sampling import processed_logprobs, sample
 
@@ -111,6 +117,17 @@ class _Batch:
         ]
         self.positions = self.positions.index_select(0, index)
         self.last = self.last.index_select(0, index)
+
+
+def _kv_of(cache: DynamicCache) -> KV:
+    """Each layer's keys and values, ``[rows, kv_heads, positions, head_dim]``."""
+    kv: KV = []
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            raise TypeError(f"cache layer {type(layer).__name__} holds no key/value tensors")
+        kv.append((keys, values))
+    return kv
 
 
 def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
@@ -259,17 +276,14 @@ class TorchEngine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            cache=cache,
+            past_key_values=cache,
             logits_to_keep=1,
             use_cache=True,
         )
         repeats = torch.tensor([p.message.sampling.n for p in admitted])
         kv = [
-            (
-                layer.keys.repeat_interleave(repeats, dim=0),
-                layer.values.repeat_interleave(repeats, dim=0),
-            )
-            for layer in cache.layers
+            (k.repeat_interleave(repeats, dim=0), v.repeat_interleave(repeats, dim=0))
+            for k, v in _kv_of(cache)
         ]
         logits = out.logits[:, -1].repeat_interleave(repeats, dim=0)
         rows = [row for pending in admitted for row in pending.rows]
@@ -285,11 +299,11 @@ class TorchEngine:
             input_ids=batch.last.unsqueeze(1),
             attention_mask=mask,
             position_ids=batch.positions.unsqueeze(1),
-            cache=cache,
+            past_key_values=cache,
             logits_to_keep=1,
             use_cache=True,
         )
-        batch.kv = [(layer.keys, layer.values) for layer in cache.layers]
+        batch.kv = _kv_of(cache)
         batch.mask = mask
         batch.positions = batch.positions + 1
         batch.last = self._sample(batch.rows, out.logits[:, -1])
@@ -316,15 +330,16 @@ class TorchEngine:
             row.tokens.append(token)
             row.logprobs.append(logprob)
             row.versions.append(self.version)
-            self._finish_if_done(row, token, p.stop, p.max_tokens)
+            self._finish_if_done(row, token, p)
         self._tokens += len(rows)
         return tokens
 
-    def _finish_if_done(self, row: _Row, token: int, stop: list[str], max_tokens: int) -> None:
-        if token in self.eos:
+    def _finish_if_done(self, row: _Row, token: int, sampling: SamplingParams) -> None:
+        stop, max_tokens = sampling.stop, sampling.max_tokens
+        if token in self.eos and not sampling.ignore_eos:
             row.finish_reason = "stop"
         elif stop:
-            text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+            text = self._text(row.tokens)
             cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
             if cut >= 0:
                 row.finish_reason, row.text = "stop", text[:cut]
@@ -370,22 +385,15 @@ class TorchEngine:
     def _load(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Copy the tensors into the model's parameters, all or nothing."""
         state = self.model.state_dict(keep_vars=True)
-        for name, tensor in named:
-            target = state.get(name)
-            if target is None:
-                raise ValueError(f"weight {name!r} is not a parameter of the {self.policy!r} model")
-            if target.shape != tensor.shape:
-                raise ValueError(
-                    f"weight {name!r} has shape {list(tensor.shape)}, "
-                    f"the model's is {list(target.shape)}"
-                )
+        check_weights(named, {name: tuple(t.shape) for name, t in state.items()}, self.policy)
         for name, tensor in named:
             state[name].data.copy_(tensor)
 
+    def _text(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+
     def _to_sample(self, pending: _Request, row: _Row) -> Sample:
-        text = row.text
-        if text is None:
-            text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+        text = self._text(row.tokens) if row.text is None else row.text
         return Sample(
             index=row.index,
             prompt_ids=np.asarray(pending.prompt, dtype=np.int32),

@@ -58,8 +58,8 @@ def to_buckets(
 
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
-    flat = tensor.reshape(-1).view(torch.uint8)
-    return memoryview(flat.numpy()).cast("B")
+    flat: np.ndarray = tensor.reshape(-1).view(torch.uint8).numpy()
+    return flat.data.cast("B")
 
 
 def from_bucket(bucket: WeightBucket) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,0 +1,89 @@
+"""An engine node: one process that joins a cluster and serves one policy's engine.
+
+    python -m actors.engines.serve --head tcp://10.0.0.1:5555 --policy solver \\
+        --model /models/Qwen3-4B --engine torch --threads 1
+
+The engine registers as ``engine/POLICY/INDEX``. The process prints one JSON line
+(``{"ready": ..., "name": ...}``) once it serves, and runs until its standard input
+closes or it is terminated. Torch gets its thread count before any model is loaded:
+on shared cores, more threads than the process may use make every step slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.to_thread
+import torch
+
+from actors.engines.base import EngineActor, EngineCore
+from actors.models import check_checkpoint, load_checkpoint
+from runtime import configure_logging, open_node
+
+
+@asynccontextmanager
+async def open_engine(
+    kind: str, model: str, *, policy: str, max_batch: int
+) -> AsyncIterator[EngineCore]:
+    """The engine core of ``kind`` for the checkpoint at ``model``, running."""
+    if kind == "torch":
+        from actors.engines.torch_engine import open_torch_engine
+
+        checkpoint = await anyio.to_thread.run_sync(load_checkpoint, model)
+        async with open_torch_engine(checkpoint, policy=policy, max_batch=max_batch) as core:
+            yield core
+    elif kind == "vllm":
+        from actors.engines.vllm_engine import open_vllm_engine
+
+        async with open_vllm_engine(model, policy=policy, max_batch=max_batch) as core:
+            yield core
+    else:
+        raise ValueError(f"--engine must be torch or vllm, got {kind!r}")
+
+
+async def serve(args: argparse.Namespace) -> None:
+    check_checkpoint(args.model)
+    name = f"engine/{args.policy}/{args.index}"
+    async with (
+        open_node(name, listen=args.listen, head=args.head) as node,
+        open_engine(args.engine, args.model, policy=args.policy, max_batch=args.max_batch) as core,
+    ):
+        await node.spawn(name, lambda: EngineActor(core))
+        print(json.dumps({"ready": node.address, "name": name}), flush=True)
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with anyio.create_task_group() as tasks:
+
+                async def until_stdin_closes() -> None:
+                    await anyio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+                    tasks.cancel_scope.cancel()
+
+                tasks.start_soon(until_stdin_closes)
+                async for _ in signals:
+                    tasks.cancel_scope.cancel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--head", required=True, help="the head node's address")
+    parser.add_argument("--policy", required=True)
+    parser.add_argument("--model", required=True, help="a local checkpoint directory")
+    parser.add_argument("--engine", default="torch", choices=["torch", "vllm"])
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--listen", default="tcp://127.0.0.1:*")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--max-batch", type=int, default=64, help="rows decoded together")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    configure_logging(args.log_level)
+    anyio.run(serve, args, backend="trio")
+
+
+if __name__ == "__main__":
+    main()
