@@ -63,8 +63,9 @@ def sample(
     noise comes from its own request's generator and a seeded request samples the same
     tokens whatever else shares its batch.
     """
-    noise = torch.empty_like(logprobs)
+    noise = torch.empty_like(logprobs).exponential_()
     for row, generator in enumerate(generators):
-        noise[row].exponential_(generator=generator)
+        if generator is not None:
+            noise[row].exponential_(generator=generator)
     drawn = (logprobs.exp() / noise).argmax(dim=-1)
     return torch.where(temperature > 0, drawn, logprobs.argmax(dim=-1))
