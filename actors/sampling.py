@@ -25,9 +25,10 @@ def processed_logprobs(
     of ``logits`` (shape ``logits.shape[:-1]``)."""
     logits = logits.float()
     lead = logits.shape[:-1]
-    temperature = torch.as_tensor(temperature, dtype=logits.dtype).expand(lead)
-    top_k = torch.as_tensor(top_k, dtype=torch.long).expand(lead)
-    top_p = torch.as_tensor(top_p, dtype=logits.dtype).expand(lead)
+    device = logits.device
+    temperature = torch.as_tensor(temperature, dtype=logits.dtype, device=device).expand(lead)
+    top_k = torch.as_tensor(top_k, dtype=torch.long, device=device).expand(lead)
+    top_p = torch.as_tensor(top_p, dtype=logits.dtype, device=device).expand(lead)
     scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     logits = logits / scale.unsqueeze(-1)
     if bool((top_k > 0).any()) or bool((top_p < 1).any()):

@@ -35,7 +35,8 @@ async def open_engine(
     if kind == "torch":
         from actors.engines.torch_engine import open_torch_engine
 
-        checkpoint = await anyio.to_thread.run_sync(load_checkpoint, model)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        checkpoint = await anyio.to_thread.run_sync(lambda: load_checkpoint(model, device=device))
         async with open_torch_engine(checkpoint, policy=policy, max_batch=max_batch) as core:
             yield core
     elif kind == "vllm":

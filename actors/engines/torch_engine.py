@@ -102,7 +102,7 @@ class _Batch:
         """Keep only these rows, then cut the columns that are padding for all of them."""
         if len(keep) == len(self.rows):
             return
-        index = torch.tensor(keep, dtype=torch.long)
+        index = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
         self.rows = [self.rows[i] for i in keep]
         if not keep:
             self.kv, self.mask = [], torch.zeros(0, 0, dtype=torch.long)
@@ -152,6 +152,7 @@ class TorchEngine:
         self.tokenizer = checkpoint.tokenizer
         self.policy = policy
         self.max_batch = max_batch
+        self.device = next(self.model.parameters()).device
         self.version = 0
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
@@ -256,7 +257,7 @@ class TorchEngine:
             for index in range(n):
                 generator = None
                 if seed is not None:
-                    generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
+                    generator = torch.Generator(self.device).manual_seed(seed * 1_000_003 + index)
                 pending.rows.append(_Row(pending, index, generator))
             admitted.append(pending)
             room -= n
@@ -265,10 +266,11 @@ class TorchEngine:
     @torch.inference_mode()
     def _prefill(self, admitted: list[_Request]) -> None:
         width = max(len(p.prompt) for p in admitted)
-        ids = torch.full((len(admitted), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
-        mask = torch.zeros((len(admitted), width), dtype=torch.long)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((len(admitted), width), pad, dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(admitted), width), dtype=torch.long, device=self.device)
         for i, pending in enumerate(admitted):
-            ids[i, width - len(pending.prompt) :] = torch.tensor(pending.prompt)
+            ids[i, width - len(pending.prompt) :] = torch.tensor(pending.prompt, device=self.device)
             mask[i, width - len(pending.prompt) :] = 1
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         cache = DynamicCache()
@@ -280,7 +282,7 @@ class TorchEngine:
             logits_to_keep=1,
             use_cache=True,
         )
-        repeats = torch.tensor([p.message.sampling.n for p in admitted])
+        repeats = torch.tensor([p.message.sampling.n for p in admitted], device=self.device)
         kv = [
             (k.repeat_interleave(repeats, dim=0), v.repeat_interleave(repeats, dim=0))
             for k, v in _kv_of(cache)
@@ -293,7 +295,8 @@ class TorchEngine:
     @torch.inference_mode()
     def _decode(self) -> None:
         batch = self._batch
-        mask = torch.cat([batch.mask, torch.ones(len(batch.rows), 1, dtype=torch.long)], dim=1)
+        ones = torch.ones(len(batch.rows), 1, dtype=torch.long, device=self.device)
+        mask = torch.cat([batch.mask, ones], dim=1)
         cache = DynamicCache(ddp_cache_data=batch.kv)
         out = self.model(
             input_ids=batch.last.unsqueeze(1),
@@ -312,12 +315,12 @@ class TorchEngine:
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> torch.Tensor:
         """Sample one token per row, record it, and return the tokens to feed next."""
         params = [row.request.message.sampling for row in rows]
-        temperature = torch.tensor([p.temperature for p in params])
+        temperature = torch.tensor([p.temperature for p in params], device=self.device)
         logprobs = processed_logprobs(
             logits,
             temperature,
-            torch.tensor([p.top_k for p in params]),
-            torch.tensor([p.top_p for p in params]),
+            torch.tensor([p.top_k for p in params], device=self.device),
+            torch.tensor([p.top_p for p in params], device=self.device),
         )
         tokens = sample(logprobs, temperature, [row.generator for row in rows])
         chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
