@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from contextlib import asynccontextmanager, suppress
+from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,6 +52,9 @@ _ENVIRONMENT = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "VLLM_CONFIGURE_LOGGING": "0",  # its records go to the application's logging setup
+    # vLLM compiles one sampler function even when eager; that cost 2-4 s on the first
+    # request with logprobs here, for no measurable gain. The engine process compiles nothing.
+    "TORCHDYNAMO_DISABLE": "1",
 }
 _WORKER_EXTENSION = "actors.engines.vllm_worker.WeightReceiver"
 
@@ -138,6 +141,9 @@ class VllmEngine:
         self.shapes = parameter_shapes(path)
         self._thread = _AsyncioThread()
         self._llm: Any = None
+        self._streams: set[asyncio.Task[Any]] = set()  # touched on the asyncio thread only
+        self.cuda = torch.cuda.is_available()
+        self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self._ids = itertools.count()
         self._running = self._tokens = self._updates = 0
         self._last_pause = 0.0
@@ -153,11 +159,11 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        cuda = torch.cuda.is_available()
+        cuda = self.cuda
         arguments = AsyncEngineArgs(
             model=str(self.path),
             tokenizer=str(self.path),
-            dtype="auto" if cuda else "float32",
+            dtype=str(self.dtype).removeprefix("torch."),
             enforce_eager=not cuda,
             max_model_len=self.max_positions,
             max_num_seqs=self.max_batch,
@@ -175,14 +181,20 @@ class VllmEngine:
         await self._thread.stop()
 
     async def _shutdown(self) -> None:
-        """Shut vLLM down from its own loop, and let the tasks it cancels finish."""
+        """Shut vLLM down from its own loop. Streams still open are cancelled first
+        (vLLM aborts their requests; an open stream would wait forever), then whatever
+        vLLM leaves behind once it is shut down."""
+        streams = list(self._streams)
+        for task in streams:
+            task.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
         llm, self._llm = self._llm, None
         llm.shutdown()
         current = asyncio.current_task()
-        pending = [task for task in asyncio.all_tasks() if task is not current]
-        for task in pending:
+        rest = [task for task in asyncio.all_tasks() if task is not current]
+        for task in rest:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*rest, return_exceptions=True)
 
     # -- the interface --------------------------------------------------------------------
 
@@ -211,7 +223,6 @@ class VllmEngine:
 
     async def _generate(self, request: Generate, prompt: list[int], request_id: str) -> list[_Row]:
         from vllm import SamplingParams as VllmSampling
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         sampling = request.sampling
@@ -228,9 +239,27 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
         rows = [_Row() for _ in range(sampling.n)]
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        try:
+            await self._stream(request_id, prompt, params, rows)
+        finally:
+            self._streams.discard(task)
+        return rows
+
+    async def _stream(
+        self, request_id: str, prompt: list[int], params: Any, rows: list[_Row]
+    ) -> None:
+        from vllm.inputs import TokensPrompt
+
         stream = self._llm.generate(
             TokensPrompt(prompt_token_ids=prompt), params, request_id=request_id
         )
+        async with aclosing(stream):  # closed (and aborted) at once, not at collection
+            await self._read(stream, rows)
+
+    async def _read(self, stream: Any, rows: list[_Row]) -> None:
         async for output in stream:
             now = time.perf_counter()
             for completion in output.outputs:
@@ -247,7 +276,6 @@ class VllmEngine:
                 row.spans = list(completion.weight_versions or row.spans)
                 if completion.finish_reason is not None:
                     row.finish_reason, row.finished = str(completion.finish_reason), now
-        return rows
 
     async def update_weights(self, version: int, named: list[tuple[str, torch.Tensor]]) -> float:
         check_weights(named, self.shapes, self.policy)
@@ -255,7 +283,10 @@ class VllmEngine:
             raise RuntimeError(f"engine {self.policy!r} is already applying a weight update")
         self._updating = True
         try:
-            blob = await anyio.to_thread.run_sync(save, {n: t.contiguous() for n, t in named})
+            # vLLM's reload stops half-way on a dtype it does not hold, and the engine
+            # dies at the next step: send its own dtype.
+            tensors = {n: t.to(self.dtype).contiguous() for n, t in named}
+            blob = await anyio.to_thread.run_sync(save, tensors)
             pause = await self._thread.run(self._update(version, blob))
         finally:
             self._updating = False
