@@ -8,7 +8,8 @@ asyncio task, and vLLM aborts the request.
 
 Weight updates pause generation with ``mode="keep"`` (running requests freeze and then
 continue, on the new weights, over their KV cache), reload the weights in place in the
-engine-core process (see ``vllm_worker``), set vLLM's weight version and resume. vLLM
+engine-core process from a safetensors file in shared memory (see ``vllm_worker``), set
+vLLM's weight version and resume. vLLM
 stamps every output token with the weight version that produced it; those stamps are
 the sample's ``versions``.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -31,7 +33,7 @@ import anyio.to_thread
 import numpy as np
 import sniffio
 import torch
-from safetensors.torch import save
+from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
 
 from actors.engines.base import (
@@ -57,6 +59,7 @@ _ENVIRONMENT = {
     "TORCHDYNAMO_DISABLE": "1",
 }
 _WORKER_EXTENSION = "actors.engines.vllm_worker.WeightReceiver"
+_SHARED_MEMORY = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
 class _AsyncioThread:
@@ -286,8 +289,9 @@ class VllmEngine:
             # vLLM's reload stops half-way on a dtype it does not hold, and the engine
             # dies at the next step: send its own dtype.
             tensors = {n: t.to(self.dtype).contiguous() for n, t in named}
-            blob = await anyio.to_thread.run_sync(save, tensors)
-            pause = await self._thread.run(self._update(version, blob))
+            with tempfile.NamedTemporaryFile(suffix=".safetensors", dir=_SHARED_MEMORY) as file:
+                await anyio.to_thread.run_sync(save_file, tensors, file.name)
+                pause = await self._thread.run(self._update(version, file.name))
         finally:
             self._updating = False
         self.version = version
@@ -295,11 +299,11 @@ class VllmEngine:
         self._last_pause = pause
         return pause
 
-    async def _update(self, version: int, blob: bytes) -> float:
+    async def _update(self, version: int, path: str) -> float:
         start = time.perf_counter()
         await self._llm.pause_generation(mode="keep", clear_cache=False)
         try:
-            await self._llm.collective_rpc("relaytrain_load_weights", args=(blob,))
+            await self._llm.collective_rpc("relaytrain_load_weights", args=(path,))
             await self._llm.update_weight_version(str(version))
         finally:
             await self._llm.resume_generation()
