@@ -79,6 +79,31 @@ async def test_greedy_equals_a_plain_argmax_loop(engine: EngineCore, reference: 
     assert sample.completion_ids.tolist() == expected
 
 
+async def test_requests_joining_and_leaving_the_batch_each_match_their_argmax_loop(
+    engine: EngineCore, reference: Checkpoint
+) -> None:
+    """Prompts of different lengths (left padding) and lengths (rows leave early), some
+    admitted while others are mid-generation: each equals its own uncached loop."""
+    prompts = [PROMPT[:3], PROMPT, PROMPT[2:10], PROMPT[5:]]
+    results: dict[int, Sample] = {}
+
+    async def greedy(i: int, max_tokens: int) -> None:
+        sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        (results[i],) = await engine.generate(Generate(f"g{i}", sampling, prompt_ids=prompts[i]))
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(greedy, 0, 20)
+        tasks.start_soon(greedy, 1, 6)
+        with anyio.fail_after(60):
+            while engine.statistics().running == 0:  # noqa: ASYNC110
+                await anyio.sleep(0.001)  # the first rows are decoding: join them
+        tasks.start_soon(greedy, 2, 14)
+        tasks.start_soon(greedy, 3, 9)
+    for i, sample in results.items():
+        expected = argmax_loop(reference.model, prompts[i], len(sample.completion_ids))
+        assert sample.completion_ids.tolist() == expected, f"request {i}"
+
+
 @pytest.mark.parametrize(
     "sampling",
     [
