@@ -121,3 +121,40 @@ class EngineStats(Message, frozen=True):
 
 class GetEngineStats(Request[EngineStats], frozen=True):
     pass
+
+
+class Segment(Message, frozen=True):
+    """One agent action, ready for the reward stage: what was asked (``prompt_ids``),
+    what the policy answered (``completion_ids``), the behaviour ``logprobs`` and policy
+    ``versions`` of every completion token, and where it sits in its episode.
+
+    ``group`` names the GRPO group it belongs to (every sample of one role on one
+    input) and ``group_size`` how many samples make it complete; ``parent_id`` is the
+    sample it continues ("" for a first action).
+    """
+
+    segment_id: str
+    episode_id: str
+    sample_id: str
+    parent_id: str
+    group: str
+    group_size: int
+    role: str
+    policy: str
+    prompt_ids: np.ndarray
+    completion_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    finish_reason: str
+    text: str = ""
+    observation: str = ""
+    timings: SampleTimings | None = None
+
+
+class ScoredSegment(Message, frozen=True):
+    """A segment and its reward; ``parts`` are the named terms the reward was built
+    from (an answer check, a judge's score), for logging."""
+
+    segment: Segment
+    reward: float
+    parts: dict[str, float] = {}
