@@ -149,12 +149,36 @@ class Segment(Message, frozen=True):
     text: str = ""
     observation: str = ""
     timings: SampleTimings | None = None
+    sampling: SamplingParams = SamplingParams()
+    """How the completion was sampled: the learner recomputes logprobs the same way."""
 
 
 class ScoredSegment(Message, frozen=True):
     """A segment and its reward; ``parts`` are the named terms the reward was built
-    from (an answer check, a judge's score), for logging."""
+    from (an answer check, a judge's score), for logging. Sent one-way to the policy's
+    learner, whose bounded mailbox is the pipeline's backpressure."""
 
     segment: Segment
     reward: float
     parts: dict[str, float] = {}
+
+
+class LearnerStats(Message, frozen=True):
+    """A learner's progress: ``version`` counts its optimizer steps; ``published`` is
+    the newest version every engine of the policy acknowledged; ``staleness`` counts
+    accepted tokens by how many versions behind the learner they were sampled;
+    ``rejected`` counts refused segments by reason."""
+
+    policy: str
+    version: int
+    steps: int
+    published: int
+    trained_segments: int
+    held_segments: int
+    staleness: dict[int, int]
+    rejected: dict[str, int]
+    last_metrics: dict[str, float]
+
+
+class GetLearnerStats(Request[LearnerStats], frozen=True):
+    pass

@@ -19,7 +19,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         prog="bin/bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("suites", nargs="*", choices=[*SUITES, "all"], default=["all"])
+    parser.add_argument(
+        "suites", nargs="*", metavar="SUITE", help=f"{', '.join(SUITES)} or all (default: all)"
+    )
     parser.add_argument("--quick", action="store_true", help="a short run for smoke tests")
     parser.add_argument(
         "--out",
@@ -28,7 +30,10 @@ def main() -> None:
         help="where SUITE.json files go (default: bench-out/)",
     )
     args = parser.parse_args()
-    names = list(SUITES) if "all" in args.suites else args.suites
+    unknown = set(args.suites) - {*SUITES, "all"}
+    if unknown:
+        parser.error(f"unknown suite {sorted(unknown)[0]!r}; choose from {', '.join(SUITES)}, all")
+    names = list(SUITES) if not args.suites or "all" in args.suites else args.suites
     for name in names:
         SUITES[name](args.quick, args.out)
 

@@ -11,6 +11,17 @@ from runtime import MemoryNetwork, Node, NodeConfig, open_node
 TRANSPORTS = ["memory", "ipc", "tcp"]
 
 
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Qwen2 checkpoint (random weights, seeded), built once per session."""
+    import torch
+
+    from actors.tiny_model import build_tiny_checkpoint
+
+    torch.set_num_threads(1)
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen2")
+
+
 @pytest.fixture(params=["trio", "asyncio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)

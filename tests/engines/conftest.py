@@ -10,22 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from actors.engines import EngineCore, open_torch_engine
 from actors.models import Checkpoint, load_checkpoint
-from actors.tiny_model import build_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def anyio_backend() -> str:
     return "trio"
-
-
-@pytest.fixture(scope="session")
-def tiny_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen2")
 
 
 @pytest.fixture
