@@ -165,7 +165,8 @@ class ScoredSegment(Message, frozen=True):
 
 class LearnerStats(Message, frozen=True):
     """A learner's progress: ``version`` counts its optimizer steps; ``published`` is
-    the newest version every engine of the policy acknowledged; ``staleness`` counts
+    the newest version every engine of the policy acknowledged, ``engines`` the newest
+    each one applied; ``staleness`` counts
     accepted tokens by how many versions behind the learner they were sampled;
     ``rejected`` counts refused segments by reason."""
 
@@ -173,6 +174,7 @@ class LearnerStats(Message, frozen=True):
     version: int
     steps: int
     published: int
+    engines: dict[str, int]
     trained_segments: int
     held_segments: int
     staleness: dict[int, int]

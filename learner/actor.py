@@ -30,6 +30,7 @@ class LearnerActor(Actor):
         self.config = config
         self.trainer = Trainer(model, config)
         self.published = 0
+        self.applied: dict[str, int] = {}
 
     async def on_start(self) -> None:
         if self.config.checkpoint_dir:
@@ -81,6 +82,7 @@ class LearnerActor(Actor):
                 with anyio.fail_after(self.config.sync_timeout):
                     engine = await self.lookup(name, timeout=self.config.sync_timeout)
                     await self._push(engine, buckets)
+                self.applied[name] = version
             except Exception as error:
                 failed.append(name)
                 self.node.log.error(
@@ -115,6 +117,7 @@ class LearnerActor(Actor):
             version=trainer.version,
             steps=trainer.steps,
             published=self.published,
+            engines=dict(self.applied),
             trained_segments=trainer.trained_segments,
             held_segments=trainer.held,
             staleness=dict(trainer.staleness),

@@ -110,3 +110,4 @@ async def test_a_tiny_policy_learns_to_answer_with_the_digit_shown(
     assert history[0] < 0.3, history
     assert min(history[-3:]) >= 0.9, history
     assert stats.published == stats.version and stats.rejected == {}
+    assert stats.engines == {"engine/digits/0": stats.version}
