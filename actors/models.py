@@ -25,11 +25,15 @@ class Checkpoint:
     tokenizer: PreTrainedTokenizerBase
 
     def render_chat(self, chat: list[dict[str, str]]) -> list[int]:
-        """Token ids of ``chat`` in the model's chat template, ready for the reply."""
-        if not self.tokenizer.chat_template:
-            raise CheckpointError(f"{self.path}: the tokenizer has no chat template")
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return render_chat(self.tokenizer, chat)
+
+
+def render_chat(tokenizer: PreTrainedTokenizerBase, chat: list[dict[str, str]]) -> list[int]:
+    """Token ids of ``chat`` in the tokenizer's chat template, ready for the reply."""
+    if not tokenizer.chat_template:
+        raise CheckpointError(f"{tokenizer.name_or_path}: the tokenizer has no chat template")
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 def check_checkpoint(path: str | Path) -> Path:

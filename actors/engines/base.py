@@ -9,6 +9,7 @@ to the core. The core outlives restarts of its actor.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -95,6 +96,24 @@ def check_weights(
             raise ValueError(
                 f"weight {name!r} has shape {list(tensor.shape)}, the model's is {list(expected)}"
             )
+
+
+def request_prompt(
+    request: Generate,
+    render_chat: Callable[[list[dict[str, str]]], list[int]],
+    vocab_size: int,
+    max_positions: int,
+) -> list[int]:
+    """The prompt token ids of a request, checked with its sampling parameters; raises
+    BadRequest naming the field at fault."""
+    check_sampling(request.sampling, max_positions)
+    prompt = prompt_array(request.prompt_ids)
+    if request.chat:
+        if prompt:
+            raise BadRequest("Generate: give prompt_ids or chat, not both")
+        prompt = render_chat([{"role": t.role, "content": t.content} for t in request.chat])
+    check_prompt(prompt, vocab_size, max_positions, request.sampling.max_tokens)
+    return prompt
 
 
 def prompt_array(prompt_ids: np.ndarray | None) -> list[int]:

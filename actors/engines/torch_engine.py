@@ -22,13 +22,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from actors.engines.base import (
-    BadRequest,
-    check_prompt,
-    check_sampling,
-    check_weights,
-    prompt_array,
-)
+from actors.engines.base import check_weights, request_prompt
 from actors.messages import EngineStats, Generate, Sample, SampleTimings, SamplingParams
 from actors.models import Checkpoint
 from actors.sampling import processed_logprobs, sample
@@ -171,16 +165,9 @@ class TorchEngine:
     # -- the interface agents and learners use ----------------------------------------
 
     async def generate(self, request: Generate) -> list[Sample]:
-        sampling = request.sampling
-        check_sampling(sampling, self.max_positions)
-        prompt = prompt_array(request.prompt_ids)
-        if request.chat:
-            if prompt:
-                raise BadRequest("Generate: give prompt_ids or chat, not both")
-            prompt = self.checkpoint.render_chat(
-                [{"role": t.role, "content": t.content} for t in request.chat]
-            )
-        check_prompt(prompt, self.vocab_size, self.max_positions, sampling.max_tokens)
+        prompt = request_prompt(
+            request, self.checkpoint.render_chat, self.vocab_size, self.max_positions
+        )
         pending = _Request(request, prompt, time.perf_counter())
         self._waiting.append(pending)
         self._wake.set()

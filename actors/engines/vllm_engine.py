@@ -25,6 +25,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import aclosing, asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,15 +37,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoTokenizer
 
-from actors.engines.base import (
-    BadRequest,
-    check_prompt,
-    check_sampling,
-    check_weights,
-    prompt_array,
-)
+from actors.engines.base import check_weights, request_prompt
 from actors.messages import EngineStats, Generate, Sample, SampleTimings
-from actors.models import check_checkpoint, parameter_shapes
+from actors.models import check_checkpoint, parameter_shapes, render_chat
 
 T = TypeVar("T")
 
@@ -202,18 +197,9 @@ class VllmEngine:
     # -- the interface --------------------------------------------------------------------
 
     async def generate(self, request: Generate) -> list[Sample]:
-        sampling = request.sampling
-        check_sampling(sampling, self.max_positions)
-        prompt = prompt_array(request.prompt_ids)
-        if request.chat:
-            if prompt:
-                raise BadRequest("Generate: give prompt_ids or chat, not both")
-            chat = [{"role": t.role, "content": t.content} for t in request.chat]
-            text = self.tokenizer.apply_chat_template(
-                chat, tokenize=False, add_generation_prompt=True
-            )
-            prompt = list(self.tokenizer.encode(text, add_special_tokens=False))
-        check_prompt(prompt, self.vocab_size, self.max_positions, sampling.max_tokens)
+        prompt = request_prompt(
+            request, partial(render_chat, self.tokenizer), self.vocab_size, self.max_positions
+        )
         received = time.perf_counter()
         self._running += 1
         try:

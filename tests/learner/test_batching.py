@@ -3,31 +3,10 @@ and micro-batches within a token budget."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from actors.messages import ScoredSegment, Segment
 from learner.batching import BufferFull, CountBuffer, GroupBuffer, micro_batches
-
-
-def scored(segment_id: str, group: str, group_size: int) -> ScoredSegment:
-    tokens = np.zeros(3, dtype=np.int32)
-    segment = Segment(
-        segment_id=segment_id,
-        episode_id="e",
-        sample_id=segment_id,
-        parent_id="",
-        group=group,
-        group_size=group_size,
-        role="solver",
-        policy="p",
-        prompt_ids=tokens,
-        completion_ids=tokens,
-        logprobs=np.zeros(3, dtype=np.float32),
-        versions=np.zeros(3, dtype=np.int32),
-        finish_reason="stop",
-    )
-    return ScoredSegment(segment, reward=1.0)
+from tests.learner.segments import scored
 
 
 def test_groups_are_released_whole_whatever_order_their_samples_arrive_in() -> None:
@@ -35,7 +14,9 @@ def test_groups_are_released_whole_whatever_order_their_samples_arrive_in() -> N
     arrivals = [("a1", "A"), ("b1", "B"), ("a2", "A"), ("b2", "B"), ("a3", "A")]
     released = []
     for segment_id, group in arrivals:
-        group_done = buffer.add(scored(segment_id, group, 3 if group == "A" else 2))
+        group_done = buffer.add(
+            scored(segment_id, group=group, group_size=3 if group == "A" else 2)
+        )
         if group_done:
             released.append([s.segment.segment_id for s in group_done])
     assert released == [["b1", "b2"], ["a1", "a2", "a3"]]
@@ -44,17 +25,17 @@ def test_groups_are_released_whole_whatever_order_their_samples_arrive_in() -> N
 
 def test_a_full_group_buffer_refuses_new_groups_but_completes_held_ones() -> None:
     buffer = GroupBuffer(max_segments=2)
-    buffer.add(scored("a1", "A", 2))
-    buffer.add(scored("b1", "B", 2))
+    buffer.add(scored("a1", group="A", group_size=2))
+    buffer.add(scored("b1", group="B", group_size=2))
     with pytest.raises(BufferFull):
-        buffer.add(scored("c1", "C", 2))
-    assert buffer.add(scored("a2", "A", 2)) is not None
+        buffer.add(scored("c1", group="C", group_size=2))
+    assert buffer.add(scored("a2", group="A", group_size=2)) is not None
     assert buffer.held == 1
 
 
 def test_count_buffer_releases_every_size_segments() -> None:
     buffer = CountBuffer(2)
-    out = [buffer.add(scored(str(i), str(i), 1)) for i in range(5)]
+    out = [buffer.add(scored(str(i), group=str(i), group_size=1)) for i in range(5)]
     assert [None if b is None else len(b) for b in out] == [None, 2, None, 2, None]
     assert buffer.held == 1
 

@@ -6,48 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from actors.messages import GetLearnerStats, ScoredSegment, Segment
+from actors.messages import GetLearnerStats, ScoredSegment
 from actors.models import load_checkpoint
 from learner.actor import LearnerActor
 from learner.trainer import LearnerConfig, Rejected, Trainer
 from runtime.testing import open_cluster
-
-PROMPT = np.array([257, 265, 198, 16, 258, 198, 257, 266, 198], dtype=np.int32)
-
-
-def scored(
-    segment_id: str,
-    *,
-    group: str = "g",
-    group_size: int = 2,
-    role: str = "solver",
-    policy: str = "p",
-    reward: float = 1.0,
-    completion: list[int] | None = None,
-    logprobs: list[float] | None = None,
-    versions: list[int] | None = None,
-) -> ScoredSegment:
-    completion = completion or [16, 17, 258]
-    segment = Segment(
-        segment_id=segment_id,
-        episode_id="e",
-        sample_id=segment_id,
-        parent_id="",
-        group=group,
-        group_size=group_size,
-        role=role,
-        policy=policy,
-        prompt_ids=PROMPT,
-        completion_ids=np.array(completion, dtype=np.int32),
-        logprobs=np.array(logprobs or [-1.0] * len(completion), dtype=np.float32),
-        versions=np.array(versions or [0] * len(completion), dtype=np.int32),
-        finish_reason="stop",
-    )
-    return ScoredSegment(segment, reward)
+from tests.learner.segments import scored
 
 
 @pytest.fixture
