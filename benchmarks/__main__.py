@@ -2,6 +2,7 @@
 
 bin/bench runtime            # actor messages against raw pyzmq (about 90 s)
 bin/bench engines            # engines against HF generate, weight updates (minutes)
+bin/bench learner            # learner step overhead, weight publication against raw zmq
 bin/bench --quick            # every suite, short (CI): checks they work, not speed
 """
 
@@ -10,9 +11,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks import engines, runtime
+from benchmarks import engines, learner, runtime
 
-SUITES = {"runtime": runtime.run, "engines": engines.run}
+SUITES = {"runtime": runtime.run, "engines": engines.run, "learner": learner.run}
 
 
 def main() -> None:
