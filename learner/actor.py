@@ -9,7 +9,6 @@ refused segment is logged with its reason and counted; it never stops the learne
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +96,8 @@ class LearnerActor(Actor):
             self.published = version
 
     async def _push(self, engine: ActorRef, buckets: list[WeightBucket]) -> None:
-        """All buckets at once (the engine's credit bounds how many are in flight): the
-        next one streams while the previous is acknowledged."""
-        async with anyio.create_task_group() as tasks:
-            for bucket in buckets:
-                tasks.start_soon(
-                    partial(self.call, engine, bucket, timeout=self.config.sync_timeout)
-                )
+        for bucket in buckets:
+            await self.call(engine, bucket, timeout=self.config.sync_timeout)
 
     def _checkpoint(self) -> Path:
         trainer = self.trainer
