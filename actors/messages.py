@@ -107,6 +107,45 @@ class WeightBucket(Request[WeightsApplied], frozen=True):
     data: list[Blob]
 
 
+class TensorSpec(Message, frozen=True):
+    name: str
+    dtype: str
+    shape: list[int]
+
+
+class WeightGroupJoined(Message, frozen=True):
+    policy: str
+    group: str
+    rank: int
+
+
+class JoinWeightGroup(Request[WeightGroupJoined], frozen=True):
+    """Join the learner's torch.distributed weight group ``group`` as ``rank``: a store
+    at ``host``:``port``, ``world_size`` members, ``backend`` gloo or nccl, and
+    ``timeout_s`` for joining and for every broadcast. Replaces any group joined before."""
+
+    policy: str
+    group: str
+    host: str
+    port: int
+    rank: int
+    world_size: int
+    backend: str
+    timeout_s: float
+
+
+class BroadcastWeights(Request[WeightsApplied], frozen=True):
+    """Receive version ``version`` through the weight group ``group`` (the tensors of
+    ``tensors``, in buckets of about ``bucket_bytes``), then apply it as a
+    ``WeightBucket`` version is applied. The learner broadcasts while this call runs."""
+
+    policy: str
+    version: int
+    group: str
+    tensors: list[TensorSpec]
+    bucket_bytes: int
+
+
 class EngineStats(Message, frozen=True):
     policy: str
     engine: str

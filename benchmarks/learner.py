@@ -5,9 +5,10 @@ weight publication against the raw transport bound.
   16-token prompts, 32-token completions) trained by ``Trainer.train`` and by a plain
   loop (one padded forward, log-softmax, policy-gradient loss, backward, AdamW step);
   repetitions alternate. Overhead = plain tokens/s over learner tokens/s, minus 1.
-* **publish**: a learner node pushes its weights as buckets to a torch engine in an
-  engine node process over tcp, until every bucket is applied; the raw bound is the same
-  bytes pushed by blocking pyzmq PUSH/PULL between the same two kinds of process.
+* **publish**: a learner node publishes its weights to a torch engine in an engine node
+  process until the engine applied them, once as bucket messages over tcp and once as a
+  gloo broadcast (``sync_backend``); the raw bound is the same bytes pushed by blocking
+  pyzmq PUSH/PULL between the same two kinds of process.
 
 Models: the tiny test model and a ~100M-parameter one (Qwen2, hidden 768, 8 layers).
 """
@@ -126,10 +127,9 @@ def _steps(path: Path, plan: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def _publish(path: Path, plan: dict[str, Any]) -> dict[str, Any]:
+async def _publish(path: Path, plan: dict[str, Any], backend: str) -> list[float]:
     model = load_checkpoint(path).model
-    nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    config = LearnerConfig(policy="bench", engines=["engine/bench/0"])
+    config = LearnerConfig(policy="bench", engines=["engine/bench/0"], sync_backend=backend)  # type: ignore[arg-type]
     seconds = []
     async with open_node("learner") as node:
         command = [sys.executable, "-m", "actors.engines.serve", "--head", node.address]
@@ -148,13 +148,23 @@ async def _publish(path: Path, plan: dict[str, Any]) -> dict[str, Any]:
                     raise RuntimeError("the engine did not apply the published weights")
             await process.stdin.aclose()
             await process.wait()
-    raw = _raw_seconds(nbytes, plan["reps"] + 1)
-    pairs = list(zip(seconds[1:], raw[1:], strict=True))
+    return seconds[1:]
+
+
+def _publication(path: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    """Both publication paths and the raw bound; the first repetition of each warms up."""
+    tensors = load_checkpoint(path).model.state_dict().values()
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    messages = anyio.run(_publish, path, plan, "messages", backend="trio")
+    gloo = anyio.run(_publish, path, plan, "gloo", backend="trio")
+    raw = _raw_seconds(nbytes, plan["reps"] + 1)[1:]
     return {
         "bytes": nbytes,
-        "publish_s": Figure.of([s for s, _ in pairs]).as_dict(),
-        "raw_s": Figure.of([r for _, r in pairs]).as_dict(),
-        "ratio": Figure.of([s / r for s, r in pairs]).as_dict(),
+        "publish_s": Figure.of(messages).as_dict(),
+        "gloo_s": Figure.of(gloo).as_dict(),
+        "raw_s": Figure.of(raw).as_dict(),
+        "ratio": Figure.of([s / r for s, r in zip(messages, raw, strict=True)]).as_dict(),
+        "gloo_ratio": Figure.of([s / r for s, r in zip(gloo, raw, strict=True)]).as_dict(),
     }
 
 
@@ -199,7 +209,7 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
         for model in plan["models"]:
             path = build_tiny_checkpoint(Path(tmp) / model, **MODELS[model])  # type: ignore[arg-type]
             row = {"model": model, "step": _steps(path, plan)}
-            row["publish"] = anyio.run(_publish, path, plan, backend="trio")
+            row["publish"] = _publication(path, plan)
             rows.append(row)
     result = {"quick": quick, "reps": plan["reps"], "rows": rows}
     write_json(out, "learner", result)
@@ -214,13 +224,14 @@ def print_table(result: dict[str, Any]) -> None:
     )
     print(
         f"{'model':<6} {'learner tok/s':>14} {'plain tok/s':>12} {'overhead':>9} "
-        f"{'MB':>7} {'publish s':>10} {'raw s':>8} {'ratio':>6}"
+        f"{'MB':>7} {'raw s':>7} {'messages s':>11} {'ratio':>6} {'gloo s':>7} {'ratio':>6}"
     )
     for row in result["rows"]:
         step, publish = row["step"], row["publish"]
         print(
             f"{row['model']:<6} {step['learner_tok_s']['median']:>14,.0f} "
             f"{step['plain_tok_s']['median']:>12,.0f} {step['overhead']['median']:>8.1%} "
-            f"{publish['bytes'] / 1e6:>7.1f} {publish['publish_s']['median']:>10.3f} "
-            f"{publish['raw_s']['median']:>8.3f} {publish['ratio']['median']:>6.2f}"
+            f"{publish['bytes'] / 1e6:>7.1f} {publish['raw_s']['median']:>7.3f} "
+            f"{publish['publish_s']['median']:>11.3f} {publish['ratio']['median']:>6.2f} "
+            f"{publish['gloo_s']['median']:>7.3f} {publish['gloo_ratio']['median']:>6.2f}"
         )

@@ -9,14 +9,25 @@ refused segment is logged with its reason and counted; it never stops the learne
 
 from __future__ import annotations
 
+import datetime
+import functools
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.to_thread
+import torch
+import torch.distributed as dist
 
+from actors.engines.weight_group import GroupAddress, WeightGroup, specs_of
 from actors.engines.weights import to_buckets
-from actors.messages import GetLearnerStats, LearnerStats, ScoredSegment, WeightBucket
+from actors.messages import (
+    BroadcastWeights,
+    GetLearnerStats,
+    JoinWeightGroup,
+    LearnerStats,
+    ScoredSegment,
+)
 from learner.checkpoints import latest_checkpoint, read_checkpoint, write_checkpoint
 from learner.trainer import LearnerConfig, Rejected, Trainer
 from runtime import Actor, ActorRef
@@ -31,6 +42,13 @@ class LearnerActor(Actor):
         self.trainer = Trainer(model, config)
         self.published = 0
         self.applied: dict[str, int] = {}
+        self._store: dist.TCPStore | None = None
+        self._group: WeightGroup | None = None
+        self._groups_formed = 0
+
+    async def on_stop(self) -> None:
+        if self._group is not None:
+            self._group.close()
 
     async def on_start(self) -> None:
         if self.config.checkpoint_dir:
@@ -74,30 +92,130 @@ class LearnerActor(Actor):
         applied them (bounded by ``sync_timeout``; an engine that does not answer is
         named in the error log and the learner goes on)."""
         version = self.trainer.version
-        buckets = to_buckets(self.config.policy, version, self.trainer.model.state_dict().items())
-        failed: list[str] = []
+        named = list(self.trainer.model.state_dict().items())
+        if self.config.sync_backend == "messages":
+            applied = await self._publish_messages(version, named)
+        else:
+            applied = await self._publish_broadcast(version, named)
+        for name in applied:
+            self.applied[name] = version
+        if len(applied) == len(self.config.engines):
+            self.published = version
+
+    async def _publish_messages(
+        self, version: int, named: list[tuple[str, torch.Tensor]]
+    ) -> list[str]:
+        buckets = to_buckets(
+            self.config.policy, version, named, bucket_bytes=self.config.sync_bucket_bytes
+        )
+        timeout = self.config.sync_timeout
+        applied: list[str] = []
 
         async def push(name: str) -> None:
             try:
-                with anyio.fail_after(self.config.sync_timeout):
-                    engine = await self.lookup(name, timeout=self.config.sync_timeout)
-                    await self._push(engine, buckets)
-                self.applied[name] = version
+                with anyio.fail_after(timeout):
+                    engine = await self.lookup(name, timeout=timeout)
+                    for bucket in buckets:
+                        await self.call(engine, bucket, timeout=timeout)
+                applied.append(name)
             except Exception as error:
-                failed.append(name)
-                self.node.log.error(
-                    "weight_sync_failed", engine=name, version=version, error=repr(error)
-                )
+                self._sync_failed(name, version, error)
 
         async with anyio.create_task_group() as tasks:
             for name in self.config.engines:
                 tasks.start_soon(push, name)
-        if not failed:
-            self.published = version
+        return applied
 
-    async def _push(self, engine: ActorRef, buckets: list[WeightBucket]) -> None:
-        for bucket in buckets:
-            await self.call(engine, bucket, timeout=self.config.sync_timeout)
+    async def _publish_broadcast(
+        self, version: int, named: list[tuple[str, torch.Tensor]]
+    ) -> list[str]:
+        """One broadcast to every engine at once. A collective with a member missing
+        cannot finish, so any failure aborts the group for all and is reported for
+        every engine that did not apply the version; the next version forms a new group."""
+        config = self.config
+        timeout = config.sync_timeout
+        applied: list[str] = []
+        try:
+            with anyio.fail_after(timeout):
+                engines = [await self.lookup(name, timeout=timeout) for name in config.engines]
+                if self._group is None:
+                    self._group = await self._form_group(engines)
+                group = self._group
+                request = BroadcastWeights(
+                    config.policy,
+                    version,
+                    group.address.name,
+                    specs_of(named),
+                    config.sync_bucket_bytes,
+                )
+
+                async def receive(name: str, engine: ActorRef) -> None:
+                    try:
+                        await self.call(engine, request, timeout=timeout)
+                    except BaseException:
+                        group.close()  # one member gave up: the others must not wait for it
+                        raise
+                    applied.append(name)
+
+                async with anyio.create_task_group() as tasks:
+                    for name, engine in zip(config.engines, engines, strict=True):
+                        tasks.start_soon(receive, name, engine)
+                    await anyio.to_thread.run_sync(
+                        group.send, named, config.sync_bucket_bytes, abandon_on_cancel=True
+                    )
+        except Exception as error:
+            if self._group is not None:
+                self._group.close()
+                self._group = None
+            for name in config.engines:
+                if name not in applied:
+                    self._sync_failed(name, version, error)
+        return applied
+
+    async def _form_group(self, engines: list[ActorRef]) -> WeightGroup:
+        config = self.config
+        if self._store is None:
+            self._store = await anyio.to_thread.run_sync(
+                lambda: dist.TCPStore(
+                    config.sync_host,
+                    0,
+                    is_master=True,
+                    wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=config.sync_timeout),
+                )
+            )
+        store: dist.TCPStore = self._store
+        self._groups_formed += 1
+        address = GroupAddress(
+            config.sync_host,
+            store.port,
+            f"{config.policy}/{self._groups_formed}",
+            1 + len(engines),
+            config.sync_backend,
+            config.sync_timeout,
+        )
+        async with anyio.create_task_group() as tasks:
+            for rank, engine in enumerate(engines, start=1):
+                join = JoinWeightGroup(
+                    config.policy,
+                    address.name,
+                    address.host,
+                    address.port,
+                    rank,
+                    address.world_size,
+                    address.backend,
+                    address.timeout_s,
+                )
+                tasks.start_soon(
+                    functools.partial(self.call, engine, join, timeout=config.sync_timeout)
+                )
+            group = await anyio.to_thread.run_sync(
+                WeightGroup, address, 0, store, abandon_on_cancel=True
+            )
+        return group
+
+    def _sync_failed(self, engine: str, version: int, error: BaseException) -> None:
+        self.node.log.error("weight_sync_failed", engine=engine, version=version, error=repr(error))
 
     def _checkpoint(self) -> Path:
         trainer = self.trainer

@@ -30,7 +30,12 @@ from learner.losses import LossConfig, LossInputs, loss_named
 class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One learner's settings. ``algorithm`` grpo batches ``groups_per_batch`` whole
     groups; reinforce_pp batches ``segments_per_batch`` actions and puts ``beta`` * k1
-    KL to the initial policy in the reward. ``roles`` empty accepts every role."""
+    KL to the initial policy in the reward. ``roles`` empty accepts every role.
+
+    Weights go to ``engines`` every ``sync_every`` steps: as runtime messages
+    (``sync_backend`` messages) or broadcast through a torch.distributed group (gloo,
+    nccl) whose store the learner serves on ``sync_host``; ``sync_timeout`` bounds every
+    step of a publication."""
 
     policy: str
     algorithm: Literal["grpo", "reinforce_pp"] = "grpo"
@@ -55,6 +60,9 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     engines: list[str] = []
     sync_every: int = 1
     sync_timeout: float = 120.0
+    sync_backend: Literal["messages", "gloo", "nccl"] = "messages"
+    sync_host: str = "127.0.0.1"
+    sync_bucket_bytes: int = 64 << 20
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
 

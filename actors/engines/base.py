@@ -3,8 +3,10 @@ the engine actor that puts a core on the runtime.
 
 A core (``TorchEngine``, ``VllmEngine``) owns a model and a generation loop and is run
 by an ``open_*`` context manager; ``EngineActor`` is the thin adapter that answers
-``Generate`` calls concurrently, assembles ``WeightBucket``s into a version and hands it
-to the core. The core outlives restarts of its actor.
+``Generate`` calls concurrently, assembles ``WeightBucket``s (or receives a broadcast
+through a learner's weight group, see ``weight_group``) into a version and hands it to
+the core. The core outlives restarts of its actor; a weight group does not (the learner
+forms a new one when a broadcast fails).
 """
 
 from __future__ import annotations
@@ -12,18 +14,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+import anyio.to_thread
 import numpy as np
 import torch
 
+from actors.engines.weight_group import GroupAddress, WeightGroup, check_specs
 from actors.engines.weights import from_bucket
 from actors.messages import (
+    BroadcastWeights,
     EngineStats,
     Generate,
     Generation,
     GetEngineStats,
+    JoinWeightGroup,
     Sample,
     SamplingParams,
     WeightBucket,
+    WeightGroupJoined,
     WeightsApplied,
 )
 from runtime import Actor
@@ -37,6 +44,8 @@ class EngineCore(Protocol):
     kind: str
     policy: str
     version: int
+    shapes: dict[str, tuple[int, ...]]
+    """The shape of every named tensor a weight update may carry."""
 
     async def generate(self, request: Generate) -> list[Sample]: ...
 
@@ -130,45 +139,94 @@ def prompt_array(prompt_ids: np.ndarray | None) -> list[int]:
 class EngineActor(Actor):
     """Serves one engine core under a name such as ``engine/solver/0``."""
 
-    inbox = Generate | WeightBucket | GetEngineStats
+    inbox = Generate | WeightBucket | JoinWeightGroup | BroadcastWeights | GetEngineStats
     mailbox_size = 1024
     concurrency = 1024
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
         self._buckets: dict[int, dict[int, WeightBucket]] = {}
+        self._group: WeightGroup | None = None
+
+    async def on_stop(self) -> None:
+        if self._group is not None:
+            self._group.close()
 
     async def handle(
-        self, message: Generate | WeightBucket | GetEngineStats
-    ) -> Generation | WeightsApplied | EngineStats:
+        self, message: Generate | WeightBucket | JoinWeightGroup | BroadcastWeights | GetEngineStats
+    ) -> Generation | WeightsApplied | WeightGroupJoined | EngineStats:
         if isinstance(message, Generate):
             samples = await self.core.generate(message)
             return Generation(message.request_id, self.core.policy, samples)
         if isinstance(message, WeightBucket):
             return await self._on_bucket(message)
+        if isinstance(message, JoinWeightGroup):
+            return await self._join(message)
+        if isinstance(message, BroadcastWeights):
+            return await self._on_broadcast(message)
         return self.core.statistics()
 
-    async def _on_bucket(self, bucket: WeightBucket) -> WeightsApplied:
-        policy = self.core.policy
-        if bucket.policy != policy:
+    def _check_update(self, kind: str, policy: str, version: int) -> None:
+        if policy != self.core.policy:
             raise ValueError(
-                f"WeightBucket.policy is {bucket.policy!r}; this engine serves {policy!r}"
+                f"{kind}.policy is {policy!r}; this engine serves {self.core.policy!r}"
             )
-        if bucket.version <= self.core.version:
+        if version <= self.core.version:
             raise ValueError(
-                f"WeightBucket.version {bucket.version} is not newer than the engine's "
+                f"{kind}.version {version} is not newer than the engine's "
                 f"version {self.core.version}"
             )
+
+    async def _on_bucket(self, bucket: WeightBucket) -> WeightsApplied:
+        self._check_update("WeightBucket", bucket.policy, bucket.version)
         if not 0 <= bucket.index < bucket.count:
             raise ValueError(f"WeightBucket.index {bucket.index} is outside 0..{bucket.count - 1}")
         list(from_bucket(bucket))  # validate now, so a bad bucket fails its own call
         held = self._buckets.setdefault(bucket.version, {})
         held[bucket.index] = bucket
         if len(held) < bucket.count:
-            return WeightsApplied(policy, bucket.version, applied=False)
+            return WeightsApplied(bucket.policy, bucket.version, applied=False)
         del self._buckets[bucket.version]
         for older in [v for v in self._buckets if v < bucket.version]:
             del self._buckets[older]  # superseded before it was complete
         named = [pair for index in sorted(held) for pair in from_bucket(held[index])]
         pause = await self.core.update_weights(bucket.version, named)
-        return WeightsApplied(policy, bucket.version, applied=True, pause_s=pause)
+        return WeightsApplied(bucket.policy, bucket.version, applied=True, pause_s=pause)
+
+    async def _join(self, message: JoinWeightGroup) -> WeightGroupJoined:
+        if message.policy != self.core.policy:
+            raise ValueError(
+                f"JoinWeightGroup.policy is {message.policy!r}; this engine serves "
+                f"{self.core.policy!r}"
+            )
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+        address = GroupAddress(
+            message.host,
+            message.port,
+            message.group,
+            message.world_size,
+            message.backend,
+            message.timeout_s,
+        )
+        self._group = await anyio.to_thread.run_sync(WeightGroup, address, message.rank)
+        return WeightGroupJoined(message.policy, message.group, message.rank)
+
+    async def _on_broadcast(self, message: BroadcastWeights) -> WeightsApplied:
+        self._check_update("BroadcastWeights", message.policy, message.version)
+        group = self._group
+        if group is None or group.address.name != message.group:
+            raise ValueError(f"BroadcastWeights.group {message.group!r} was not joined")
+        check_specs(message.tensors, self.core.shapes, message.policy)
+        try:
+            named = await anyio.to_thread.run_sync(
+                group.receive, message.tensors, message.bucket_bytes, abandon_on_cancel=True
+            )
+        except BaseException:
+            group.close()
+            if self._group is group:
+                self._group = None
+            raise
+        pause = await self.core.update_weights(message.version, named)
+        return WeightsApplied(message.policy, message.version, applied=True, pause_s=pause)

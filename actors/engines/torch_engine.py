@@ -147,6 +147,7 @@ class TorchEngine:
         self.policy = policy
         self.max_batch = max_batch
         self.device = next(self.model.parameters()).device
+        self.shapes = {name: tuple(t.shape) for name, t in self.model.state_dict().items()}
         self.version = 0
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
@@ -376,7 +377,7 @@ class TorchEngine:
     def _load(self, named: list[tuple[str, torch.Tensor]]) -> None:
         """Copy the tensors into the model's parameters, all or nothing."""
         state = self.model.state_dict(keep_vars=True)
-        check_weights(named, {name: tuple(t.shape) for name, t in state.items()}, self.policy)
+        check_weights(named, self.shapes, self.policy)
         for name, tensor in named:
             state[name].data.copy_(tensor)
 

@@ -13,7 +13,7 @@ import torch
 from actors.messages import WeightBucket
 from runtime import Blob
 
-_DTYPES = {
+DTYPES = {
     str(dtype).removeprefix("torch."): dtype
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64)
 }
@@ -33,7 +33,7 @@ def to_buckets(
     size = 0
     for name, tensor in named:
         tensor = tensor.detach().to("cpu").contiguous()
-        if str(tensor.dtype).removeprefix("torch.") not in _DTYPES:
+        if str(tensor.dtype).removeprefix("torch.") not in DTYPES:
             raise TypeError(f"weight {name!r} has dtype {tensor.dtype}, which cannot travel")
         nbytes = tensor.numel() * tensor.element_size()
         if groups[-1] and size + nbytes > bucket_bytes:
@@ -72,7 +72,7 @@ def from_bucket(bucket: WeightBucket) -> Iterator[tuple[str, torch.Tensor]]:
             f"names, dtypes, shapes and data differ in length ({[len(f) for f in fields]})"
         )
     for name, dtype_name, shape, blob in zip(*fields, strict=True):
-        dtype = _DTYPES.get(dtype_name)
+        dtype = DTYPES.get(dtype_name)
         if dtype is None:
             raise ValueError(f"weight {name!r}: unknown dtype {dtype_name!r}")
         expected = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()

@@ -3,6 +3,7 @@ in-process over the memory transport and in an engine node process of its own.""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -12,9 +13,19 @@ import anyio.abc
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from actors.engines import EngineActor, EngineCore, to_buckets
-from actors.messages import Generate, GetEngineStats, SamplingParams, WeightBucket
+from actors.engines.weight_group import GroupAddress, WeightGroup, specs_of
+from actors.messages import (
+    BroadcastWeights,
+    Generate,
+    GetEngineStats,
+    JoinWeightGroup,
+    SamplingParams,
+    TensorSpec,
+    WeightBucket,
+)
 from actors.models import Checkpoint
 from runtime import ActorRef, Node, RemoteError, open_node
 from runtime.testing import open_cluster
@@ -63,6 +74,45 @@ async def test_generate_and_weight_buckets_travel_as_messages(
         assert sample.completion_ids.tolist() == argmax_loop(
             reference.model, PROMPT, len(sample.completion_ids)
         )
+
+
+async def test_a_version_arrives_by_gloo_broadcast(
+    engine: EngineCore, reference: Checkpoint
+) -> None:
+    """The engine side of a weight group: join, receive a broadcast, apply it; a spec
+    the model has no place for fails its call before any byte is received."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    address = GroupAddress("127.0.0.1", store.port, "solver/1", 2, "gloo", 30.0)
+    weights = perturbed(reference, seed=5)
+    version = engine.version + 1
+    async with open_cluster("head", "gpu0") as (head, worker):
+        await worker.spawn("engine/solver/0", lambda: EngineActor(engine))
+        ref = await head.lookup("engine/solver/0", timeout=5)
+        join = JoinWeightGroup("solver", address.name, "127.0.0.1", store.port, 1, 2, "gloo", 30.0)
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(functools.partial(head.call, ref, join, timeout=60))
+                group = await anyio.to_thread.run_sync(WeightGroup, address, 0, store)
+            wrong = [TensorSpec("lm_head.weight", "float32", [1, 1])]
+            with pytest.raises(RemoteError, match=r"lm_head\.weight"):
+                await head.call(
+                    ref, BroadcastWeights("solver", version, "solver/1", wrong, 1 << 20)
+                )
+            request = BroadcastWeights("solver", version, "solver/1", specs_of(weights), 64 << 10)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(functools.partial(head.call, ref, request, timeout=60))
+                await anyio.to_thread.run_sync(group.send, weights, 64 << 10)
+            group.close()
+            greedy = Generate(
+                "g", SamplingParams(temperature=0.0, max_tokens=12), prompt_ids=PROMPT
+            )
+            (sample,) = (await head.call(ref, greedy, timeout=60)).samples
+    assert engine.version == version
+    assert sample.versions.tolist() == [version] * len(sample.completion_ids)
+    reference.model.load_state_dict(dict(weights))
+    assert sample.completion_ids.tolist() == argmax_loop(
+        reference.model, PROMPT, len(sample.completion_ids)
+    )
 
 
 async def test_stale_or_foreign_buckets_and_bad_requests_fail_their_call(
