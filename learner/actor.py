@@ -5,6 +5,9 @@ engines every ``sync_every`` steps.
 Training runs in a worker thread inside the handler, so while a step runs the
 learner's mailbox fills and senders wait for credit: the pipeline's backpressure. A
 refused segment is logged with its reason and counted; it never stops the learner.
+With a ``checkpoint_dir``, every accepted segment is in the learner's segment log
+before its sender forgets it, so a learner killed at any moment resumes with nothing
+lost and nothing trained twice (see ``segment_log``).
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ from actors.messages import (
     ScoredSegment,
 )
 from learner.checkpoints import latest_checkpoint, read_checkpoint, write_checkpoint
+from learner.segment_log import SegmentLog, read_segments
 from learner.trainer import LearnerConfig, Rejected, Trainer
 from runtime import Actor, ActorRef
+
+_LOG = "segments.log"
 
 
 class LearnerActor(Actor):
@@ -45,20 +51,56 @@ class LearnerActor(Actor):
         self._store: dist.TCPStore | None = None
         self._group: WeightGroup | None = None
         self._groups_formed = 0
+        self._log: SegmentLog | None = None
+
+    async def on_start(self) -> None:
+        if self.config.checkpoint_dir:
+            await anyio.to_thread.run_sync(self._resume)
+
+    def _resume(self) -> None:
+        """Restore the newest checkpoint, then admit again what it held and what the
+        log took in after it; steps that complete on the way are trained again (they
+        were lost with the process) but not published."""
+        root = Path(self.config.checkpoint_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        trainer = self.trainer
+        replay = []
+        latest = latest_checkpoint(root)
+        if latest is not None:
+            state = read_checkpoint(latest, model=trainer.model, optimizer=trainer.optimizer)
+            trainer.version, trainer.steps = state.version, state.step
+            trainer.consumed = set(state.consumed)
+            replay.extend(state.held)
+        log_path = root / _LOG
+        if log_path.is_file():
+            replay.extend(read_segments(log_path))
+        for scored in replay:
+            try:
+                batch = trainer.admit(scored)
+            except Rejected as refused:
+                if refused.reason != "duplicate":  # the log repeats what a checkpoint took
+                    self.node.log.warning(
+                        "replayed_segment_rejected", learner=self.name, detail=refused.detail
+                    )
+                continue
+            if batch is not None:
+                trainer.train(batch)
+        self._log = SegmentLog(log_path)
+        if latest is not None or replay:
+            self.node.log.info(
+                "learner_resumed",
+                learner=self.name,
+                checkpoint=str(latest),
+                version=trainer.version,
+                replayed=len(replay),
+                held=trainer.held,
+            )
 
     async def on_stop(self) -> None:
         if self._group is not None:
             self._group.close()
-
-    async def on_start(self) -> None:
-        if self.config.checkpoint_dir:
-            latest = latest_checkpoint(self.config.checkpoint_dir)
-            if latest is not None:
-                trainer = self.trainer
-                state = read_checkpoint(latest, model=trainer.model, optimizer=trainer.optimizer)
-                trainer.version, trainer.steps = state.version, state.step
-                trainer.consumed = set(state.consumed)
-                self.node.log.info("learner_resumed", checkpoint=str(latest), version=state.version)
+        if self._log is not None:
+            self._log.close()
 
     async def handle(self, message: ScoredSegment | GetLearnerStats) -> LearnerStats | None:
         if isinstance(message, GetLearnerStats):
@@ -74,6 +116,9 @@ class LearnerActor(Actor):
                 detail=refused.detail,
             )
             return None
+        if self._log is not None:
+            # On disk before the handler returns, that is before the sender forgets it.
+            await anyio.to_thread.run_sync(self._log.append, message)
         if batch is None:
             return None
         metrics = await anyio.to_thread.run_sync(self.trainer.train, batch)
@@ -219,14 +264,18 @@ class LearnerActor(Actor):
 
     def _checkpoint(self) -> Path:
         trainer = self.trainer
-        return write_checkpoint(
+        path = write_checkpoint(
             self.config.checkpoint_dir,
             model=trainer.model,
             optimizer=trainer.optimizer,
             version=trainer.version,
             step=trainer.steps,
             consumed=trainer.consumed,
+            held=trainer.held_segments(),
         )
+        if self._log is not None:
+            self._log.restart()
+        return path
 
     def statistics(self) -> LearnerStats:
         trainer = self.trainer

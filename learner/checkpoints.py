@@ -1,9 +1,10 @@
 """Atomic training checkpoints: a checkpoint directory is complete or absent.
 
 A checkpoint holds the weights (safetensors), the optimizer state, every random number
-generator the learner draws from, the policy version, the step and the ids of every
-segment trained on, so a resumed run continues from the same version without training a
-segment twice or losing one. It is written into a temporary directory beside its final
+generator the learner draws from, the policy version, the step, the ids of every
+segment trained on and the accepted segments not trained on yet (see ``segment_log``),
+so a resumed run continues from the same version without training a segment twice or
+losing one. It is written into a temporary directory beside its final
 name, flushed to disk, then renamed: a crash leaves either the previous checkpoints or
 a temporary directory that ``latest_checkpoint`` ignores.
 """
@@ -24,7 +25,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from actors.messages import ScoredSegment
+from learner.segment_log import read_segments, write_segments
+
 _META = "meta.json"
+_HELD = "held.log"
 _PREFIX = "step-"
 
 
@@ -35,6 +40,7 @@ class TrainingState:
     version: int
     step: int
     consumed: frozenset[str]
+    held: list[ScoredSegment]
 
 
 def write_checkpoint(
@@ -45,6 +51,7 @@ def write_checkpoint(
     version: int,
     step: int,
     consumed: Iterable[str],
+    held: Iterable[ScoredSegment] = (),
     keep: int = 3,
 ) -> Path:
     """Write checkpoint ``step`` under ``root`` and keep only the ``keep`` newest."""
@@ -59,6 +66,7 @@ def write_checkpoint(
         save_model(model, str(temporary / "model.safetensors"))
         torch.save(optimizer.state_dict(), temporary / "optimizer.pt")
         torch.save({"torch": torch.get_rng_state()}, temporary / "rng.pt")
+        write_segments(temporary / _HELD, held)
         meta = {
             "version": version,
             "step": step,
@@ -103,7 +111,8 @@ def read_checkpoint(
     torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
     random.setstate(_python_state(meta["python_rng"]))
     np.random.set_state(meta["numpy_rng"])
-    return TrainingState(meta["version"], meta["step"], frozenset(meta["consumed"]))
+    held = read_segments(path / _HELD) if (path / _HELD).is_file() else []
+    return TrainingState(meta["version"], meta["step"], frozenset(meta["consumed"]), held)
 
 
 def _fsync(path: Path) -> None:

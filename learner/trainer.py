@@ -96,7 +96,7 @@ class Trainer:
         self.counted = CountBuffer(config.segments_per_batch)
         self._ready: list[list[ScoredSegment]] = []
         self.consumed: set[str] = set()
-        self._held_ids: set[str] = set()
+        self._held: dict[str, ScoredSegment] = {}  # in admission order
         self.staleness: Counter[int] = Counter()
         self.rejected: Counter[str] = Counter()
         self.trained_segments = 0
@@ -124,7 +124,7 @@ class Trainer:
                 batch_part = self.counted.add(scored)
         except BufferFull as full:
             raise Rejected("buffer_full", str(full)) from None
-        self._held_ids.add(segment.segment_id)
+        self._held[segment.segment_id] = scored
         for version, count in zip(
             *np.unique(self.version - segment.versions, return_counts=True), strict=True
         ):
@@ -143,7 +143,7 @@ class Trainer:
     def _check(self, scored: ScoredSegment) -> None:
         segment = scored.segment
         sid = segment.segment_id
-        if sid in self.consumed or sid in self._held_ids:
+        if sid in self.consumed or sid in self._held:
             raise Rejected("duplicate", f"segment {sid!r} was received before")
         if segment.policy != self.config.policy:
             raise Rejected("wrong_policy", f"segment {sid!r} is for policy {segment.policy!r}")
@@ -232,7 +232,7 @@ class Trainer:
         self.steps += 1
         for segment in segments:
             self.consumed.add(segment.segment_id)
-            self._held_ids.discard(segment.segment_id)
+            self._held.pop(segment.segment_id, None)
         self.trained_segments += len(segments)
         metrics.update(totals)
         metrics["tokens_per_s"] = tokens / (time.perf_counter() - start)
@@ -272,4 +272,9 @@ class Trainer:
 
     @property
     def held(self) -> int:
-        return len(self._held_ids)
+        return len(self._held)
+
+    def held_segments(self) -> list[ScoredSegment]:
+        """The accepted segments not trained on yet, in the order they were admitted:
+        admitted again in this order, they rebuild the same buffers."""
+        return list(self._held.values())

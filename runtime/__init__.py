@@ -16,6 +16,7 @@ The runtime knows nothing about LLMs and never imports torch.
 
 from ._actor import Actor, Delivery, current_delivery
 from ._cell import ActorStatistics
+from ._codec import Codec
 from ._config import NodeConfig
 from ._errors import (
     ActorNotFound,
@@ -43,6 +44,7 @@ __all__ = [
     "ActorStatistics",
     "Blob",
     "CallTimeout",
+    "Codec",
     "Connection",
     "Delivery",
     "Endpoint",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from actors.messages import ScoredSegment, Segment
+from runtime import Codec
 
 PROMPT = np.array([257, 265, 198, 16, 258, 198, 257, 266, 198], dtype=np.int32)
 
@@ -39,3 +40,13 @@ def scored(
         finish_reason="stop",
     )
     return ScoredSegment(segment, reward)
+
+
+def encoded(segments: list[ScoredSegment]) -> list[tuple[bytes, list[bytes]]]:
+    """Segments as comparable values (their arrays make ``==`` ambiguous)."""
+    codec = Codec()
+    out = []
+    for segment in segments:
+        payload, frames = codec.encode(segment)
+        out.append((payload, [bytes(f) for f in frames]))
+    return out

@@ -16,6 +16,8 @@ from learner.checkpoints import (
     read_checkpoint,
     write_checkpoint,
 )
+from learner.segment_log import SegmentLog, read_segments
+from tests.learner.segments import encoded, scored
 
 
 def trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -31,8 +33,15 @@ def trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 def test_a_checkpoint_restores_weights_optimizer_randomness_and_progress(tmp_path: Path) -> None:
     model, optimizer = trained(0)
+    held = [scored("s3", group="h"), scored("s4", group="i")]
     path = write_checkpoint(
-        tmp_path, model=model, optimizer=optimizer, version=7, step=3, consumed={"s1", "s2"}
+        tmp_path,
+        model=model,
+        optimizer=optimizer,
+        version=7,
+        step=3,
+        consumed={"s1", "s2"},
+        held=held,
     )
     expected = (torch.rand(3), random.random(), np.random.rand())
 
@@ -41,6 +50,7 @@ def test_a_checkpoint_restores_weights_optimizer_randomness_and_progress(tmp_pat
     state = read_checkpoint(path, model=other, optimizer=other_optimizer)
 
     assert (state.version, state.step, state.consumed) == (7, 3, frozenset({"s1", "s2"}))
+    assert encoded(state.held) == encoded(held)
     for mine, theirs in zip(model.state_dict().values(), other.state_dict().values(), strict=True):
         assert torch.equal(mine, theirs)
     moments = optimizer.state_dict()["state"][0]["exp_avg"]
@@ -76,3 +86,23 @@ def test_a_half_written_directory_is_ignored_and_old_ones_are_pruned(tmp_path: P
     assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-000000003", "step-000000004"]
     assert latest_checkpoint(tmp_path) == tmp_path / "step-000000004"
     assert latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_the_segment_log_ends_at_a_record_cut_short_or_corrupted(tmp_path: Path) -> None:
+    path = tmp_path / "segments.log"
+    log = SegmentLog(path)
+    written = [scored(f"s{i}", reward=float(i)) for i in range(3)]
+    for segment in written:
+        log.append(segment)
+    assert encoded(read_segments(path)) == encoded(written)
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-3])  # killed in the middle of the last write
+    assert encoded(read_segments(path)) == encoded(written[:2])
+    corrupted = bytearray(whole)
+    corrupted[len(whole) // 2] ^= 0xFF
+    path.write_bytes(bytes(corrupted))
+    assert encoded(read_segments(path)) == encoded(written[:1])
+    log.restart()
+    log.append(written[2])
+    log.close()
+    assert encoded(read_segments(path)) == encoded(written[2:])

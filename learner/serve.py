@@ -1,0 +1,73 @@
+"""A learner node: one process that joins a cluster and trains one policy.
+
+    python -m learner.serve --head tcp://10.0.0.1:5555 --model /models/Qwen3-4B \\
+        --config '{"policy": "solver", "engines": ["engine/solver/0"],
+                   "checkpoint_dir": "run/checkpoints/solver", "checkpoint_every": 10}'
+
+``--config`` is a ``LearnerConfig`` as JSON (an unknown or mistyped field is an error
+that names it). The learner registers as ``learner/POLICY``. Every incarnation of the
+actor loads the weights from ``--model`` and then resumes from ``checkpoint_dir``, so a
+restarted process continues where the killed one left off. The process prints one JSON
+line (``{"ready": ..., "name": ...}``) once it serves, and runs until its standard input
+closes or it is terminated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+import anyio
+import anyio.to_thread
+import msgspec
+import torch
+
+from actors.models import check_checkpoint, load_checkpoint
+from learner.actor import LearnerActor
+from learner.trainer import LearnerConfig
+from runtime import configure_logging, open_node
+
+
+async def serve(args: argparse.Namespace, config: LearnerConfig) -> None:
+    name = f"learner/{config.policy}"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    async with open_node(name, listen=args.listen, head=args.head) as node:
+        await node.spawn(
+            name, lambda: LearnerActor(load_checkpoint(args.model, device=device).model, config)
+        )
+        print(json.dumps({"ready": node.address, "name": name}), flush=True)
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            async with anyio.create_task_group() as tasks:
+
+                async def until_stdin_closes() -> None:
+                    await anyio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
+                    tasks.cancel_scope.cancel()
+
+                tasks.start_soon(until_stdin_closes)
+                async for _ in signals:
+                    tasks.cancel_scope.cancel()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--head", required=True, help="the head node's address")
+    parser.add_argument("--model", required=True, help="a local checkpoint directory")
+    parser.add_argument("--config", required=True, help="a LearnerConfig as JSON")
+    parser.add_argument("--listen", default="tcp://127.0.0.1:*")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args()
+    try:
+        config = msgspec.json.decode(args.config, type=LearnerConfig)
+    except msgspec.DecodeError as error:
+        parser.error(f"--config: {error}")
+    check_checkpoint(args.model)
+    torch.set_num_threads(args.threads)
+    configure_logging(args.log_level)
+    anyio.run(serve, args, config, backend="trio")
+
+
+if __name__ == "__main__":
+    main()
