@@ -28,6 +28,7 @@ from actors.messages import (
     BroadcastWeights,
     GetLearnerStats,
     JoinWeightGroup,
+    LearnerProgress,
     LearnerStats,
     ScoredSegment,
 )
@@ -54,8 +55,12 @@ class LearnerActor(Actor):
         self._log: SegmentLog | None = None
 
     async def on_start(self) -> None:
+        """Resume from ``checkpoint_dir``; engines that restarted with the run get the
+        resumed version at once, not only after the next step."""
         if self.config.checkpoint_dir:
             await anyio.to_thread.run_sync(self._resume)
+            if self.trainer.version > 0 and self.config.engines:
+                await self.publish()
 
     def _resume(self) -> None:
         """Restore the newest checkpoint, then admit again what it held and what the
@@ -127,6 +132,7 @@ class LearnerActor(Actor):
         )
         if self.config.engines and self.trainer.steps % self.config.sync_every == 0:
             await self.publish()
+        await self._notify(metrics)
         every = self.config.checkpoint_every
         if self.config.checkpoint_dir and every and self.trainer.steps % every == 0:
             await anyio.to_thread.run_sync(self._checkpoint)
@@ -258,6 +264,15 @@ class LearnerActor(Actor):
                 WeightGroup, address, 0, store, abandon_on_cancel=True
             )
         return group
+
+    async def _notify(self, metrics: dict[str, float]) -> None:
+        progress = LearnerProgress(self.config.policy, self.trainer.version, metrics)
+        for name in self.config.notify:
+            try:
+                target = await self.lookup(name, timeout=self.config.sync_timeout)
+                await self.send(target, progress)
+            except Exception as error:
+                self.node.log.error("learner_notify_failed", target=name, error=repr(error))
 
     def _sync_failed(self, engine: str, version: int, error: BaseException) -> None:
         self.node.log.error("weight_sync_failed", engine=engine, version=version, error=repr(error))

@@ -11,7 +11,9 @@ twice).
 from __future__ import annotations
 
 import copy
+import ctypes
 import math
+import sys
 import time
 from collections import Counter
 from typing import Any, Literal
@@ -35,7 +37,8 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     Weights go to ``engines`` every ``sync_every`` steps: as runtime messages
     (``sync_backend`` messages) or broadcast through a torch.distributed group (gloo,
     nccl) whose store the learner serves on ``sync_host``; ``sync_timeout`` bounds every
-    step of a publication."""
+    step of a publication. After every step the actors named in ``notify`` get a
+    ``LearnerProgress``."""
 
     policy: str
     algorithm: Literal["grpo", "reinforce_pp"] = "grpo"
@@ -58,6 +61,7 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_held_segments: int = 4096
     roles: list[str] = []
     engines: list[str] = []
+    notify: list[str] = []
     sync_every: int = 1
     sync_timeout: float = 120.0
     sync_backend: Literal["messages", "gloo", "nccl"] = "messages"
@@ -65,6 +69,18 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sync_bucket_bytes: int = 64 << 20
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
+
+
+def _return_free_memory() -> None:
+    """Give the heap memory a step freed back to the OS. Measured on the 100M learner
+    benchmark: after training steps, publishing the weights as messages took 0.93 s
+    against 0.27 s once glibc's free heap was trimmed (a full garbage collection did
+    not help)."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = ctypes.CDLL("libc.so.6") if sys.platform == "linux" else None
 
 
 class Rejected(Exception):
@@ -204,7 +220,7 @@ class Trainer:
             sizes = [len(segments[i].prompt_ids) + lengths[i] for i in rows]
             for piece in micro_batches(sizes, self.config.token_budget):
                 chosen = [rows[j] for j in piece]
-                logprobs = self._logprobs([segments[i] for i in chosen], width, self.model)
+                logprobs = self.token_logprobs([segments[i] for i in chosen], width, self.model)
                 inputs = LossInputs(
                     logprobs=logprobs,
                     behaviour=behaviour[chosen],
@@ -236,39 +252,45 @@ class Trainer:
         self.trained_segments += len(segments)
         metrics.update(totals)
         metrics["tokens_per_s"] = tokens / (time.perf_counter() - start)
+        _return_free_memory()
         self.last_metrics = metrics
         return metrics
 
-    def _logprobs(self, segments: list[Segment], width: int, model: Any) -> torch.Tensor:
+    def token_logprobs(self, segments: list[Segment], width: int, model: Any) -> torch.Tensor:
         """``[rows, width]`` logprobs of each completion token under ``model``, processed
-        with the sampling parameters that produced it (see ``actors.sampling``)."""
+        with the sampling parameters that produced it (see ``actors.sampling``); 0 past
+        a row's end.
+
+        Rows are right-padded and the model is causal, so no real token attends to
+        padding and no attention mask is needed."""
         sequences = [np.concatenate([s.prompt_ids, s.completion_ids]) for s in segments]
         longest = max(len(q) for q in sequences)
         ids = torch.zeros(len(segments), longest, dtype=torch.long)
-        attention = torch.zeros(len(segments), longest, dtype=torch.long)
         for i, sequence in enumerate(sequences):
             ids[i, : len(sequence)] = torch.from_numpy(sequence.astype(np.int64))
-            attention[i, : len(sequence)] = 1
-        logits = model(input_ids=ids, attention_mask=attention).logits.float()
-        out = torch.zeros(len(segments), width)
-        for i, segment in enumerate(segments):
-            start, n = len(segment.prompt_ids), len(segment.completion_ids)
-            sampling = segment.sampling
-            logprobs = processed_logprobs(
-                logits[i, start - 1 : start - 1 + n],
-                sampling.temperature,
-                sampling.top_k,
-                sampling.top_p,
-            )
-            target = torch.from_numpy(segment.completion_ids.astype(np.int64))
-            out[i, :n] = logprobs.gather(1, target[:, None])[:, 0]
-        return out
+        logits = model(input_ids=ids).logits
+        starts = torch.tensor([len(s.prompt_ids) - 1 for s in segments])
+        lengths = torch.tensor([len(s.completion_ids) for s in segments])
+        offsets = torch.arange(width)
+        inside = offsets[None, :] < lengths[:, None]
+        positions = torch.where(inside, starts[:, None] + offsets[None, :], starts[:, None])
+        rows = torch.arange(len(segments))[:, None]
+        targets = torch.where(inside, ids[rows, positions + 1], 0)
+        params = [s.sampling for s in segments]
+        logprobs = processed_logprobs(
+            logits[rows, positions],
+            torch.tensor([p.temperature for p in params])[:, None].expand(-1, width),
+            torch.tensor([p.top_k for p in params])[:, None].expand(-1, width),
+            torch.tensor([p.top_p for p in params])[:, None].expand(-1, width),
+        )
+        chosen = logprobs.gather(2, targets[..., None])[..., 0]
+        return torch.where(inside, chosen, 0.0)
 
     def _reference_logprobs(self, segments: list[Segment], width: int) -> torch.Tensor:
         if self.reference is None:
             return torch.zeros(len(segments), width)
         with torch.no_grad():
-            return self._logprobs(segments, width, self.reference)
+            return self.token_logprobs(segments, width, self.reference)
 
     @property
     def held(self) -> int:

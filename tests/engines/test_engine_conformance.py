@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from actors.engines import BadRequest, EngineCore
-from actors.messages import ChatTurn, Generate, Sample, SamplingParams
+from actors.messages import ChatTurn, Generate, Sample, SamplingParams, Segment
 from actors.models import Checkpoint
 from actors.sampling import processed_logprobs
+from learner.trainer import LearnerConfig, Trainer
 
 pytestmark = pytest.mark.anyio
 
@@ -104,22 +105,51 @@ async def test_requests_joining_and_leaving_the_batch_each_match_their_argmax_lo
         assert sample.completion_ids.tolist() == expected, f"request {i}"
 
 
-@pytest.mark.parametrize(
-    "sampling",
-    [
+async def test_logprobs_agree_with_the_learners_recomputation(
+    engine: EngineCore, reference: Checkpoint
+) -> None:
+    """One batch through the learner's own recomputation, ``Trainer.token_logprobs``:
+    rows of two prompt lengths, several completion lengths, greedy, T=1 and
+    T=0.8/top-p/top-k side by side."""
+    samplings = [
         SamplingParams(n=1, temperature=0.0, max_tokens=24),
         SamplingParams(n=3, temperature=1.0, max_tokens=24, seed=5),
-        SamplingParams(n=3, temperature=0.8, top_p=0.9, top_k=20, max_tokens=24, seed=6),
-    ],
-    ids=["greedy", "t1", "t0.8-top_p-top_k"],
-)
-async def test_logprobs_agree_with_the_learners_recomputation(
-    engine: EngineCore, reference: Checkpoint, sampling: SamplingParams
-) -> None:
-    samples = await engine.generate(Generate("lp", sampling, prompt_ids=PROMPT))
-    for s in samples:
-        delta = (recompute(reference.model, s, sampling) - torch.from_numpy(s.logprobs)).abs()
-        assert float(delta.max()) <= 1e-4
+        SamplingParams(n=3, temperature=0.8, top_p=0.9, top_k=20, max_tokens=9, seed=6),
+    ]
+    segments = []
+    for i, sampling in enumerate(samplings):
+        for prompt in (PROMPT, PROMPT[3:]):
+            for s in await engine.generate(Generate(f"lp{i}", sampling, prompt_ids=prompt)):
+                segments.append(segment_of(s, sampling))
+    assert len({len(s.completion_ids) for s in segments}) > 1
+    trainer = Trainer(reference.model, LearnerConfig(policy="solver"))
+    width = max(len(s.completion_ids) for s in segments)
+    with torch.inference_mode():
+        recomputed = trainer.token_logprobs(segments, width, reference.model)
+    for row, segment in enumerate(segments):
+        n = len(segment.completion_ids)
+        delta = (recomputed[row, :n] - torch.from_numpy(segment.logprobs)).abs()
+        assert float(delta.max()) <= 1e-4, (segment.sampling, float(delta.max()))
+        assert not recomputed[row, n:].any()
+
+
+def segment_of(sample: Sample, sampling: SamplingParams) -> Segment:
+    return Segment(
+        segment_id=f"{len(sample.prompt_ids)}-{sample.index}",
+        episode_id="e",
+        sample_id="s",
+        parent_id="",
+        group="g",
+        group_size=1,
+        role="solver",
+        policy="solver",
+        prompt_ids=sample.prompt_ids,
+        completion_ids=sample.completion_ids,
+        logprobs=sample.logprobs,
+        versions=sample.versions,
+        finish_reason=sample.finish_reason,
+        sampling=sampling,
+    )
 
 
 async def test_stop_string_ends_the_text_before_it(engine: EngineCore) -> None:
