@@ -13,6 +13,19 @@ import numpy as np
 from runtime import Blob, Message, Request
 
 
+class Problem(Message, frozen=True):
+    """One input to an agent team: the ``text`` the first agent sees and the reference
+    ``answer`` rewards check against. ``split`` is train or test (held out);
+    ``difficulty`` orders generated problems for a curriculum (0 for a data file)."""
+
+    problem_id: str
+    text: str
+    answer: str
+    split: str = "train"
+    difficulty: int = 0
+    metadata: dict[str, str] = {}
+
+
 class SamplingParams(Message, frozen=True):
     """How to sample one request; the engines and the learner read them alike.
 
@@ -202,12 +215,55 @@ class ScoredSegment(Message, frozen=True):
     parts: dict[str, float] = {}
 
 
+class AgentOutput(Message, frozen=True):
+    """One action and what the role's parser read from it: an ``answer`` ("" when
+    none parsed), a ``verdict`` (Correct / Wrong / "") and the ``code`` it wrote."""
+
+    segment: Segment
+    answer: str = ""
+    verdict: str = ""
+    code: str = ""
+
+
+class TaskResult(Message, frozen=True):
+    task_id: str
+    outputs: list[AgentOutput]
+
+
+class Task(Request[TaskResult], frozen=True):
+    """Ask an agent for a group of ``group_size`` actions of ``role`` on one input.
+    ``inputs`` are what the role's prompt is built from (``problem``, and for later
+    roles ``solution`` and ``report``); ``parent_id`` is the sample this continues."""
+
+    task_id: str
+    episode_id: str
+    role: str
+    inputs: dict[str, str]
+    group_size: int
+    parent_id: str = ""
+    sampling: SamplingParams | None = None
+    """None: the agent's own sampling parameters (``n`` is ``group_size`` either way)."""
+
+
+class LearnerProgress(Message, frozen=True):
+    """Sent one-way by a learner after every step to the actors in its ``notify``
+    list: the conductor's admission control follows the policies' versions by it."""
+
+    policy: str
+    version: int
+    metrics: dict[str, float] = {}
+    batches: int = 0
+    """Batches consumed: steps, and batches skipped because every group in them had
+    equal rewards (they take data in without making a version)."""
+
+
 class LearnerStats(Message, frozen=True):
     """A learner's progress: ``version`` counts its optimizer steps; ``published`` is
     the newest version every engine of the policy acknowledged, ``engines`` the newest
     each one applied; ``staleness`` counts
     accepted tokens by how many versions behind the learner they were sampled;
-    ``rejected`` counts refused segments by reason."""
+    ``rejected`` counts refused segments by reason; ``skipped_batches`` batches whose
+    groups all had equal rewards (no gradient, no step)."""
 
     policy: str
     version: int
@@ -216,6 +272,7 @@ class LearnerStats(Message, frozen=True):
     engines: dict[str, int]
     trained_segments: int
     held_segments: int
+    skipped_batches: int
     staleness: dict[int, int]
     rejected: dict[str, int]
     last_metrics: dict[str, float]

@@ -126,7 +126,12 @@ class LearnerActor(Actor):
             await anyio.to_thread.run_sync(self._log.append, message)
         if batch is None:
             return None
+        before = self.trainer.version
         metrics = await anyio.to_thread.run_sync(self.trainer.train, batch)
+        if self.trainer.version == before:
+            self.node.log.info("learner_batch_skipped", learner=self.name, **metrics)
+            await self._notify(metrics)
+            return None
         self.node.log.info(
             "learner_step", learner=self.name, version=self.trainer.version, **metrics
         )
@@ -266,7 +271,9 @@ class LearnerActor(Actor):
         return group
 
     async def _notify(self, metrics: dict[str, float]) -> None:
-        progress = LearnerProgress(self.config.policy, self.trainer.version, metrics)
+        trainer = self.trainer
+        batches = trainer.steps + trainer.skipped_batches
+        progress = LearnerProgress(self.config.policy, trainer.version, metrics, batches)
         for name in self.config.notify:
             try:
                 target = await self.lookup(name, timeout=self.config.sync_timeout)
@@ -301,6 +308,7 @@ class LearnerActor(Actor):
             published=self.published,
             engines=dict(self.applied),
             trained_segments=trainer.trained_segments,
+            skipped_batches=trainer.skipped_batches,
             held_segments=trainer.held,
             staleness=dict(trainer.staleness),
             rejected=dict(trainer.rejected),

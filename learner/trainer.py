@@ -116,6 +116,9 @@ class Trainer:
         self.staleness: Counter[int] = Counter()
         self.rejected: Counter[str] = Counter()
         self.trained_segments = 0
+        self.skipped_batches = 0
+        """Batches whose every group had equal rewards: no gradient, so no step and no
+        new version; their segments count as consumed."""
         self.last_metrics: dict[str, float] = {}
 
     # -- admission ----------------------------------------------------------------------
@@ -183,8 +186,8 @@ class Trainer:
     # -- training -----------------------------------------------------------------------
 
     def train(self, batch: list[ScoredSegment]) -> dict[str, float]:
-        """One optimizer step on ``batch``; returns what to log. Blocking: run it in a
-        worker thread."""
+        """One optimizer step on ``batch`` (none if every group was filtered out for
+        equal rewards); returns what to log. Blocking: run it in a worker thread."""
         start = time.perf_counter()
         segments = [s.segment for s in batch]
         rewards = torch.tensor([s.reward for s in batch], dtype=torch.float32)
@@ -244,8 +247,10 @@ class Trainer:
             )
             self.optimizer.step()
             metrics["grad_norm"] = float(norm)
-        self.version += 1
-        self.steps += 1
+            self.version += 1
+            self.steps += 1
+        else:
+            self.skipped_batches += 1
         for segment in segments:
             self.consumed.add(segment.segment_id)
             self._held.pop(segment.segment_id, None)

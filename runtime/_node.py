@@ -269,7 +269,7 @@ class Node:
             cell.check_type(message)
             await cell.put_local(Envelope(message, source=source, trace=self._trace()))
             return
-        link = self._link_for(ref.node)
+        link = self._link_to(ref)
         await link.acquire_credit(ref.name)
         self._enqueue(link, ref.name, message, source, 0)
 
@@ -281,7 +281,7 @@ class Node:
             cell.check_type(message)
             cell.put_local_nowait(Envelope(message, source=source, trace=self._trace()))
             return
-        link = self._link_for(ref.node)
+        link = self._link_to(ref)
         link.take_credit_nowait(ref.name)
         self._enqueue(link, ref.name, message, source, 0)
 
@@ -323,7 +323,7 @@ class Node:
                     envelope = Envelope(request, reply=pending, source=source, trace=self._trace())
                     await cell.put_local(envelope)
                 else:
-                    link = self._link_for(ref.node)
+                    link = self._link_to(ref)
                     if link.state is LinkState.DOWN:
                         raise PeerUnavailable(
                             f"node {ref.node!r} is down (no heartbeat for "
@@ -394,6 +394,17 @@ class Node:
                 self._preseen.setdefault((peer, incarnation), []).extend(seqs)
 
     # -- links ----------------------------------------------------------------------
+
+    def _link_to(self, ref: ActorRef) -> Link:
+        """The link to send to ``ref`` on. A node that never connected here and whose
+        address this node never learned cannot be reached: fail at once, not by a
+        timeout."""
+        if ref.node not in self._links and ref.node not in self._addresses:
+            raise PeerUnavailable(
+                f"no address is known for node {ref.node!r} (target {ref}): take refs to "
+                "actors on other nodes from lookup(), which learns their node's address"
+            )
+        return self._link_for(ref.node)
 
     def _link_for(self, peer: str, dialed: Connection | None = None) -> Link:
         link = self._links.get(peer)

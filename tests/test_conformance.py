@@ -16,6 +16,7 @@ from runtime import (
     CallTimeout,
     MessageRejected,
     NodeConfig,
+    PeerUnavailable,
     RemoteError,
 )
 from runtime.testing import Capture
@@ -109,6 +110,8 @@ async def test_unknown_actor_and_unaccepted_message_fail_that_message_only(
             await worker.call(ActorRef("head", "nobody"), Get(), timeout=5)
         with pytest.raises(MessageRejected, match=r"Invalid value 'Unexpected'"):
             await worker.call(counter, Unexpected(), timeout=5)
+        with pytest.raises(PeerUnavailable, match="no address is known for node 'elsewhere'"):
+            await worker.call(ActorRef("elsewhere", "counter"), Get(), timeout=5)
         assert await worker.call(counter, Get(), timeout=5) == Count(0)
         rejected = head.statistics().rejected
         assert rejected == {"bad_payload": 1}

@@ -143,3 +143,13 @@ async def test_topologies_come_from_configuration(tiny_path: Path, topology: str
             "solver": (2, 1),
             "verifier": (2, 1),
         }
+
+
+def test_a_batch_of_equal_rewards_is_consumed_without_a_step(trainer: Trainer) -> None:
+    assert trainer.admit(scored("a", reward=1.0)) is None
+    batch = trainer.admit(scored("b", reward=1.0))
+    assert batch is not None
+    metrics = trainer.train(batch)
+    assert metrics["zero_variance_groups"] == 1
+    assert (trainer.version, trainer.steps, trainer.skipped_batches) == (0, 0, 1)
+    assert trainer.consumed == {"a", "b"}

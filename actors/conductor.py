@@ -1,0 +1,275 @@
+"""The conductor: starts episodes, routes each finished group to the next role and its
+scored actions to their learners, and keeps the whole pipeline within the staleness
+budget.
+
+Admission control is AReaL's rule: a new problem starts only while
+``started < (max_staleness + batches + 1) * problems_per_step``, where ``batches`` is
+the fewest batches any learner has consumed (they report every batch with
+``LearnerProgress``; a batch whose groups all had equal rewards is consumed without
+making a version, and counting versions would stall admission on it). So
+backpressure stops work from being *started*; nothing that finished is thrown away.
+``max_in_flight`` bounds the episodes running at once. The rule needs
+``(max_staleness + 1) * problems_per_step`` problems to make at least one learner
+batch; when they do not, nothing runs and nothing trains, and the conductor logs
+``admission_stalled`` with the figures to change.
+
+The conductor is an actor (its inbox takes the learners' progress and statistics
+requests) and is driven by ``run``, which the launcher awaits on the head node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterator
+
+import anyio
+import msgspec
+
+from actors.messages import (
+    AgentOutput,
+    LearnerProgress,
+    Problem,
+    SamplingParams,
+    ScoredSegment,
+    Task,
+)
+from actors.selection import Strategy
+from actors.workflows import WORKFLOWS, EpisodeContext
+from rewards.judge import Judge
+from rewards.marsrl import RewardMode
+from runtime import Actor, ActorRef, Message, Request
+
+
+class ConductorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    workflow: str = "marsrl"
+    """A name in ``actors.workflows.WORKFLOWS``."""
+    group_size: int = 4
+    select: int = 2
+    selection: Strategy = "adaptive"
+    max_agent_steps: int = 5
+    reward: RewardMode = "agent"
+    executor_turns: int = 2
+    max_staleness: int = 2
+    problems_per_step: int = 4
+    max_in_flight: int = 8
+    task_timeout: float = 600.0
+    seed: int = 0
+
+
+class RoleStats(Message, frozen=True):
+    actions: int
+    reward_mean: float
+    """Over the last 256 actions."""
+    actions_per_s: float
+
+
+class ConductorStats(Message, frozen=True):
+    started: int
+    finished: int
+    failed: int
+    """Episodes an agent call failed in (logged with the error); their scored actions
+    were emitted already."""
+    in_flight: int
+    versions: dict[str, int]
+    roles: dict[str, RoleStats]
+    solver_accuracy: float
+    """Solver outputs right, over the last 64 episodes."""
+    waiting_for_learners: bool
+
+
+class GetConductorStats(Request[ConductorStats], frozen=True):
+    pass
+
+
+class Conductor(Actor):
+    inbox = LearnerProgress | GetConductorStats
+    mailbox_size = 256
+    concurrency = 4
+
+    def __init__(
+        self,
+        config: ConductorConfig,
+        problems: Iterator[Problem],
+        *,
+        policies: dict[str, str],
+        agents: dict[str, str],
+        learners: dict[str, str],
+        judge: Judge | None = None,
+    ) -> None:
+        """``policies`` maps each role to its policy, ``agents`` each role to its agent
+        actor, ``learners`` each policy to its learner actor."""
+        self.config = config
+        self.problems = problems
+        self.policies = policies
+        self.agent_names = agents
+        self.learner_names = learners
+        self.judge = judge
+        self.versions = dict.fromkeys(learners, 0)
+        self.batches = dict.fromkeys(learners, 0)
+        self.started = self.finished = 0
+        self._agents: dict[str, ActorRef] = {}
+        self._learners: dict[str, ActorRef] = {}
+        self._changed = anyio.Event()
+        self._tasks = itertools.count()
+        self._rewards: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=256))
+        self._actions: dict[str, int] = defaultdict(int)
+        self._accuracy: deque[float] = deque(maxlen=64)
+        self._waiting = False
+        self._began = time.monotonic()
+        self.failed = 0
+        workflow = WORKFLOWS.get(config.workflow)
+        if workflow is None:
+            raise ValueError(
+                f"conductor.workflow {config.workflow!r} is not one of {sorted(WORKFLOWS)}"
+            )
+        self._workflow = workflow
+        self._context = EpisodeContext(
+            select=config.select,
+            selection=config.selection,
+            max_agent_steps=config.max_agent_steps,
+            reward=config.reward,
+            executor_turns=config.executor_turns,
+            rng=random.Random(config.seed),
+            judge=judge,
+        )
+
+    async def handle(self, message: LearnerProgress | GetConductorStats) -> ConductorStats | None:
+        if isinstance(message, GetConductorStats):
+            return self.statistics()
+        policy = message.policy
+        if message.version > self.versions.get(policy, 0) or message.batches > self.batches.get(
+            policy, 0
+        ):
+            self.versions[policy] = max(message.version, self.versions.get(policy, 0))
+            self.batches[policy] = max(message.batches, self.batches.get(policy, 0))
+            self._announce_change()
+        return None
+
+    @property
+    def version(self) -> int:
+        return min(self.versions.values(), default=0)
+
+    async def run(self, *, until_version: int) -> None:
+        """Start episodes until every learner reached ``until_version``; episodes still
+        running then are cancelled."""
+        await self.connect()
+        self._began = time.monotonic()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._admit, tasks)
+            while self.version < until_version:
+                await self._wait_for_change()
+            tasks.cancel_scope.cancel()
+
+    async def connect(self) -> None:
+        """Look the agents and learners up (``run`` does this first)."""
+        timeout = self.config.task_timeout
+        for role, name in self.agent_names.items():
+            self._agents[role] = await self.lookup(name, timeout=timeout)
+        for policy, name in self.learner_names.items():
+            self._learners[policy] = await self.lookup(name, timeout=timeout)
+
+    async def _admit(self, tasks: anyio.abc.TaskGroup) -> None:
+        config = self.config
+        for problem in self.problems:
+            while (
+                self.started
+                >= (config.max_staleness + min(self.batches.values(), default=0) + 1)
+                * config.problems_per_step
+                or self.started - self.finished >= config.max_in_flight
+            ):
+                self._waiting = True
+                if self.started == self.finished:
+                    self.node.log.warning(
+                        "admission_stalled",
+                        started=self.started,
+                        batches=dict(self.batches),
+                        detail="every admitted episode finished and no learner took a batch: "
+                        "raise conductor.problems_per_step or lower the learner's batch size",
+                    )
+                await self._wait_for_change()
+            self._waiting = False
+            self.started += 1
+            tasks.start_soon(self._episode, problem)
+
+    async def _wait_for_change(self) -> None:
+        """Wait for the next version or finished episode. Only ``_announce_change``
+        replaces the event, so every waiter (the admission loop and ``run``) wakes."""
+        await self._changed.wait()
+
+    def _announce_change(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def _episode(self, problem: Problem) -> None:
+        try:
+            accuracy = await self._workflow(self, problem, self._context)
+            self._accuracy.append(accuracy)
+        except Exception as error:
+            self.failed += 1
+            self.node.log.error("episode_failed", problem=problem.problem_id, error=repr(error))
+        finally:
+            self.finished += 1
+            self._announce_change()
+
+    # -- the Team interface the workflows use ---------------------------------------------
+
+    async def act(
+        self,
+        episode: str,
+        role: str,
+        inputs: dict[str, str],
+        parent_id: str,
+        *,
+        group_size: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> list[AgentOutput]:
+        task = Task(
+            task_id=f"{episode}/{role}{next(self._tasks)}",
+            episode_id=episode,
+            role=role,
+            inputs=inputs,
+            group_size=group_size or self.config.group_size,
+            parent_id=parent_id,
+            sampling=sampling,
+        )
+        result = await self.call(self._agents[role], task, timeout=self.config.task_timeout)
+        return result.outputs
+
+    async def emit(self, scored: list[ScoredSegment]) -> None:
+        """Send each scored action to its policy's learner; waits for the learner's
+        credit, which is the pipeline's backpressure."""
+        for item in scored:
+            role = item.segment.role
+            self._rewards[role].append(item.reward)
+            self._actions[role] += 1
+            await self.send(self._learners[item.segment.policy], item)
+
+    def statistics(self) -> ConductorStats:
+        elapsed = max(time.monotonic() - self._began, 1e-9)
+        roles = {
+            role: RoleStats(
+                actions=self._actions[role],
+                reward_mean=sum(rewards) / max(len(rewards), 1),
+                actions_per_s=self._actions[role] / elapsed,
+            )
+            for role, rewards in self._rewards.items()
+        }
+        return ConductorStats(
+            started=self.started,
+            finished=self.finished,
+            failed=self.failed,
+            in_flight=self.started - self.finished,
+            versions=dict(self.versions),
+            roles=roles,
+            solver_accuracy=sum(self._accuracy) / max(len(self._accuracy), 1),
+            waiting_for_learners=self._waiting,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<Conductor [started {self.started} | in flight {self.started - self.finished} | "
+            f"versions {self.versions}]>"
+        )

@@ -1,0 +1,198 @@
+"""A run's recipe: one TOML file decoded into Structs that forbid unknown fields, so a
+typo is an error naming the field's path (``$.learner.lr_rate``) before any process
+starts. ``--set key.path=value`` edits the decoded TOML before validation; values are
+read as TOML (``--set learner.lr=3e-4``), and anything that is not a TOML value is a
+string.
+"""
+
+from __future__ import annotations
+
+import importlib
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import tomli_w
+
+from actors.conductor import ConductorConfig
+from actors.evaluation import EvalSettings
+from actors.messages import SamplingParams
+from actors.roles import ROLES
+from actors.workflows import WORKFLOWS
+from learner.trainer import LearnerConfig
+
+EMBEDDED = "tiny"
+"""A policy ``model`` of this name is the embedded tiny model, built at launch."""
+
+
+class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model: str = EMBEDDED
+    """A local checkpoint directory, or ``tiny`` for the embedded model."""
+    engine: Literal["torch", "vllm"] = "torch"
+    engines: int = 1
+    max_batch: int = 64
+    threads: int = 1
+    """Torch threads per engine and learner process."""
+    warm_start_steps: int = 300
+    """Embedded model only: supervised steps that teach it the roles' output formats
+    before RL (a stand-in for the pretraining a real checkpoint has had)."""
+
+
+class JudgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """MAPPA's coach. ``rule`` scores by the known answer (for the generated tasks);
+    ``llm`` asks a frozen ``model`` served by an engine of its own, which sees the
+    reference answer only for the final verifier."""
+
+    kind: Literal["none", "rule", "llm"] = "none"
+    model: str = ""
+    engine: Literal["torch", "vllm"] = "torch"
+    max_tokens: int = 1024
+    timeout: float = 120.0
+    concurrency: int = 16
+    cache_size: int = 4096
+
+
+class ProblemsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    source: str = "arithmetic"
+    """``arithmetic`` for the generated family, or a JSONL file."""
+    difficulty: int = 1
+    train: int = 4096
+    test: int = 256
+    seed: int = 0
+
+
+class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    steps: int = 40
+    """The run ends when every learner has taken this many steps."""
+    checkpoint_every: int = 10
+    console_every: float = 5.0
+    """Seconds between console lines and metrics records."""
+
+
+class EvalConfig(EvalSettings, frozen=True, forbid_unknown_fields=True):
+    problems: int = 64
+    """Held-out problems evaluated at the end of a run (and by ``--eval``)."""
+
+
+class RunConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str = "marsrl-tiny"
+    runs_dir: str = "runs"
+    imports: list[str] = []
+    """Python modules imported before the run starts: where roles and workflows of
+    your own register themselves (``docs/adding-an-agent.md``)."""
+    policies: dict[str, PolicyConfig] = msgspec.field(
+        default_factory=lambda: {"team": PolicyConfig()}
+    )
+    roles: dict[str, str] = msgspec.field(
+        default_factory=lambda: dict.fromkeys(("solver", "verifier", "corrector"), "team")
+    )
+    """Which policy plays each role: one policy for all is MarsRL's shared model, one
+    per role is MAPPA's separate weights."""
+    sampling: dict[str, SamplingParams] = {}
+    """Per role; a role without an entry samples with ``default_sampling``."""
+    default_sampling: SamplingParams = SamplingParams(temperature=0.85, max_tokens=16)
+    problems: ProblemsConfig = ProblemsConfig()
+    judge: JudgeConfig = JudgeConfig()
+    conductor: ConductorConfig = ConductorConfig()
+    learner: dict[str, Any] = {}
+    """``LearnerConfig`` fields shared by every learner (``policy``, ``engines``,
+    ``notify`` and ``checkpoint_dir`` are set by the launcher)."""
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+
+    def learner_config(self, policy: str, **wiring: Any) -> LearnerConfig:
+        return msgspec.convert({**self.learner, "policy": policy, **wiring}, LearnerConfig)
+
+    def sampling_for(self, role: str) -> SamplingParams:
+        return self.sampling.get(role, self.default_sampling)
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot be used; the message names the field."""
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> RunConfig:
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise ConfigError(f"{path}: {error}") from None
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {override!r}: expected key.path=value")
+        _assign(data, key.split("."), _toml_value(value))
+    try:
+        config = msgspec.convert(data, RunConfig)
+    except msgspec.ValidationError as error:
+        raise ConfigError(f"{path or 'the default config'}: {error}") from None
+    _check(config)
+    return config
+
+
+def dump_config(config: RunConfig) -> str:
+    """The config as TOML that ``load_config`` reads back to an equal config (TOML has
+    no null: a field that is None is left out, and its default is None)."""
+    return tomli_w.dumps(_without_none(msgspec.to_builtins(config)))
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
+
+
+def _check(config: RunConfig) -> None:
+    for module in config.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ConfigError(f"$.imports: cannot import {module!r}: {error}") from None
+    for role in config.roles:
+        if role not in ROLES:
+            raise ConfigError(f"$.roles.{role}: no such role; known roles: {sorted(ROLES)}")
+    if config.conductor.workflow not in WORKFLOWS:
+        raise ConfigError(
+            f"$.conductor.workflow: {config.conductor.workflow!r} is not one of {sorted(WORKFLOWS)}"
+        )
+    for role, policy in config.roles.items():
+        if policy not in config.policies:
+            raise ConfigError(
+                f"$.roles.{role}: policy {policy!r} is not in $.policies "
+                f"({sorted(config.policies)})"
+            )
+    if config.judge.kind == "llm" and not config.judge.model:
+        raise ConfigError("$.judge.model: an llm judge needs a model (a checkpoint directory)")
+    if config.conductor.workflow == "mappa" and config.judge.kind == "none":
+        raise ConfigError('$.judge.kind: the mappa workflow needs a judge ("rule" or "llm")')
+    for role in config.sampling:
+        if role not in config.roles:
+            raise ConfigError(
+                f"$.sampling.{role}: no such role in $.roles ({sorted(config.roles)})"
+            )
+    for policy in config.policies:
+        try:
+            config.learner_config(policy)
+        except msgspec.ValidationError as error:
+            raise ConfigError(f"learner settings: {error}".replace("`$", "`$.learner")) from None
+
+
+def _assign(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    for key in keys[:-1]:
+        inner = data.setdefault(key, {})
+        if not isinstance(inner, dict):
+            raise ConfigError(f"--set {'.'.join(keys)}: {key!r} is not a table")
+        data = inner
+    data[keys[-1]] = value
+
+
+def _toml_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text

@@ -1,0 +1,192 @@
+"""The conductor runs MarsRL episodes over scripted agents: groups flow Solver →
+Verifier → Corrector → Verifier → Corrector, the Corrector only sees error reports,
+every group reaches the learner with agent-specific rewards the moment its agent is
+done (or, with the trajectory reward, the episode's outcome at its end), and admission
+control holds new problems back until the learners' versions move."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import Counter
+from collections.abc import Iterator
+
+import msgspec
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+from actors.conductor import Conductor, ConductorConfig, ConductorStats, GetConductorStats
+from actors.messages import (
+    AgentOutput,
+    LearnerProgress,
+    Problem,
+    ScoredSegment,
+    Segment,
+    Task,
+    TaskResult,
+)
+from runtime import Actor
+from runtime.testing import Capture, open_cluster
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "trio"
+
+
+SCRIPTS = {
+    # Half the solutions right, verdicts alternate, corrections always right.
+    "solver": [("\\boxed{7}", "7", ""), ("\\boxed{3}", "3", "")],
+    "verifier": [("Correct", "", "Correct"), ("Wrong", "", "Wrong")],
+    "corrector": [("\\boxed{7}", "7", "")],
+}
+
+
+class ScriptedAgent(Actor):
+    """Plays a role by script: the i-th sample of a group gets script line i."""
+
+    inbox = Task
+    concurrency = 16
+
+    def __init__(
+        self, seen: list[Task], scripts: dict[str, list[tuple[str, str, str]]] = SCRIPTS
+    ) -> None:
+        self.seen = seen
+        self.scripts = scripts
+
+    async def handle(self, task: Task) -> TaskResult:
+        self.seen.append(task)
+        script = itertools.cycle(self.scripts[task.role])
+        outputs = []
+        for i in range(task.group_size):
+            text, answer, verdict = next(script)
+            sample_id = f"{task.task_id}/{i}"
+            segment = Segment(
+                segment_id=sample_id,
+                episode_id=task.episode_id,
+                sample_id=sample_id,
+                parent_id=task.parent_id,
+                group=task.task_id,
+                group_size=task.group_size,
+                role=task.role,
+                policy="team",
+                prompt_ids=np.array([1, 2], dtype=np.int32),
+                completion_ids=np.array([3], dtype=np.int32),
+                logprobs=np.array([-1.0], dtype=np.float32),
+                versions=np.array([0], dtype=np.int32),
+                finish_reason="stop",
+                text=text,
+            )
+            outputs.append(AgentOutput(segment, answer=answer, verdict=verdict))
+        return TaskResult(task.task_id, outputs)
+
+
+def problems() -> Iterator[Problem]:
+    for i in itertools.count():
+        yield Problem(f"p{i}", f"What is {i} + 7 - {i}?", "7")
+
+
+async def one_episode(
+    config: ConductorConfig,
+) -> tuple[list[Task], list[ScoredSegment], ConductorStats]:
+    """Run the conductor until its first episode is done; returns the tasks the agents
+    saw, what reached the learner, and the conductor's statistics at that moment. The
+    learner never reports a step, so admission must hold every later problem back."""
+    seen: list[Task] = []
+    learner = Capture(ScoredSegment)
+    async with open_cluster("head", "agents") as (head, agents):
+        await head.spawn("learner/team", learner.factory)
+        for role in SCRIPTS:
+            await agents.spawn(f"agent/{role}", lambda: ScriptedAgent(seen))
+        conductor = Conductor(
+            config,
+            problems(),
+            policies=dict.fromkeys(SCRIPTS, "team"),
+            agents={role: f"agent/{role}" for role in SCRIPTS},
+            learners={"team": "learner/team"},
+        )
+        ref = await head.spawn("conductor", lambda: conductor)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(conductor.run, until_version=1))
+            await trio.testing.wait_all_tasks_blocked()
+            await learner.wait_for(2 * 13 if config.reward == "agent" else 1)
+            stats = await head.call(ref, GetConductorStats(), timeout=5)
+            await head.send(ref, LearnerProgress("team", 1))
+    return seen, learner.messages, stats
+
+
+CONFIG = ConductorConfig(group_size=2, select=2, max_staleness=0, problems_per_step=1)
+
+
+async def test_a_marsrl_episode_unrolls_and_rewards_each_agent(autojump_clock: object) -> None:
+    seen, scored, stats = await one_episode(CONFIG)
+    assert Counter(t.role for t in seen) == {"solver": 1, "verifier": 6, "corrector": 6}
+    assert all(t.inputs["report"] == "Wrong" for t in seen if t.role == "corrector")
+    assert (stats.started, stats.finished, stats.waiting_for_learners) == (1, 1, True)
+    by_id = {s.segment.segment_id: s for s in scored}
+    assert len(by_id) == 26
+    groups = Counter(s.segment.group for s in scored)
+    assert set(groups.values()) == {2}
+    rewards: dict[str, list[float]] = {}
+    for s in scored:
+        rewards.setdefault(s.segment.role, []).append(s.reward)
+    assert sorted(rewards["solver"]) == [0.0, 1.0]
+    assert rewards["corrector"] == [1.0] * 12
+    assert sum(rewards["verifier"]) == 6.0
+    for s in scored:
+        parent = by_id.get(s.segment.parent_id)
+        if s.segment.role == "solver":
+            assert s.segment.parent_id == ""
+        elif s.segment.role == "corrector":
+            assert parent is not None and parent.segment.text == "Wrong"
+        else:
+            assert parent is not None and parent.segment.role in ("solver", "corrector")
+    for s in scored:
+        if s.segment.role == "verifier":
+            judged = by_id[s.segment.parent_id]
+            agrees = (judged.reward == 1.0) == (s.segment.text == "Correct")
+            assert s.reward == float(agrees)
+
+
+async def test_trajectory_rewards_give_every_action_its_branch_outcome(
+    autojump_clock: object,
+) -> None:
+    _, scored, _ = await one_episode(msgspec.structs.replace(CONFIG, reward="trajectory"))
+    assert len(scored) == 26
+    solver = sorted(s.reward for s in scored if s.segment.role == "solver")
+    assert solver == [0.5, 1.0]
+    assert all(s.parts.get("outcome") == 1.0 for s in scored)
+
+
+async def test_admission_follows_the_learners_and_run_ends_at_the_target(
+    autojump_clock: object,
+) -> None:
+    """Each batch the learner reports consuming lets one more problem start
+    (max_staleness 0, one problem a batch), also a batch skipped without a new version;
+    ``run`` returns once the target version is reported."""
+    seen: list[Task] = []
+    learner = Capture(ScoredSegment)
+    async with open_cluster("head", "agents") as (head, agents):
+        await head.spawn("learner/team", learner.factory)
+        for role in SCRIPTS:
+            await agents.spawn(f"agent/{role}", lambda: ScriptedAgent(seen))
+        conductor = Conductor(
+            CONFIG,
+            problems(),
+            policies=dict.fromkeys(SCRIPTS, "team"),
+            agents={role: f"agent/{role}" for role in SCRIPTS},
+            learners={"team": "learner/team"},
+        )
+        ref = await head.spawn("conductor", lambda: conductor)
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(conductor.run, until_version=4))
+                for batches, version in enumerate([1, 1, 2, 3, 4], start=1):
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert (conductor.started, conductor.finished) == (batches, batches)
+                    await head.send(ref, LearnerProgress("team", version, batches=batches))
+    assert len({t.episode_id for t in seen}) == 5
