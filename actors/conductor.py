@@ -8,10 +8,10 @@ the fewest batches any learner has consumed (they report every batch with
 ``LearnerProgress``; a batch whose groups all had equal rewards is consumed without
 making a version, and counting versions would stall admission on it). So
 backpressure stops work from being *started*; nothing that finished is thrown away.
-``max_in_flight`` bounds the episodes running at once. The rule needs
-``(max_staleness + 1) * problems_per_step`` problems to make at least one learner
-batch; when they do not, nothing runs and nothing trains, and the conductor logs
-``admission_stalled`` with the figures to change.
+``max_in_flight`` bounds the episodes running at once. When every admitted episode has
+finished and admission still waits, the data sent cannot fill the learners' next
+batch: the conductor asks them to train on the complete groups they hold
+(``FlushBatch``), which moves ``batches`` on.
 
 The conductor is an actor (its inbox takes the learners' progress and statistics
 requests) and is driven by ``run``, which the launcher awaits on the head node.
@@ -23,13 +23,14 @@ import itertools
 import random
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import anyio
 import msgspec
 
 from actors.messages import (
     AgentOutput,
+    FlushBatch,
     LearnerProgress,
     Problem,
     SamplingParams,
@@ -98,9 +99,14 @@ class Conductor(Actor):
         agents: dict[str, str],
         learners: dict[str, str],
         judge: Judge | None = None,
+        on_scored: Callable[[ScoredSegment], None] | None = None,
+        sandbox: Callable[[str], Awaitable[str]] | None = None,
     ) -> None:
         """``policies`` maps each role to its policy, ``agents`` each role to its agent
-        actor, ``learners`` each policy to its learner actor."""
+        actor, ``learners`` each policy to its learner actor; ``on_scored`` sees every
+        scored action on its way to the learner (the launcher samples texts with it);
+        ``sandbox`` runs an executor's code (default: ``rewards.sandbox``)."""
+        self.on_scored = on_scored
         self.config = config
         self.problems = problems
         self.policies = policies
@@ -109,6 +115,7 @@ class Conductor(Actor):
         self.judge = judge
         self.versions = dict.fromkeys(learners, 0)
         self.batches = dict.fromkeys(learners, 0)
+        self._flushed: dict[str, int] = {}
         self.started = self.finished = 0
         self._agents: dict[str, ActorRef] = {}
         self._learners: dict[str, ActorRef] = {}
@@ -134,6 +141,7 @@ class Conductor(Actor):
             executor_turns=config.executor_turns,
             rng=random.Random(config.seed),
             judge=judge,
+            sandbox=sandbox,
         )
 
     async def handle(self, message: LearnerProgress | GetConductorStats) -> ConductorStats | None:
@@ -182,17 +190,22 @@ class Conductor(Actor):
             ):
                 self._waiting = True
                 if self.started == self.finished:
-                    self.node.log.warning(
-                        "admission_stalled",
-                        started=self.started,
-                        batches=dict(self.batches),
-                        detail="every admitted episode finished and no learner took a batch: "
-                        "raise conductor.problems_per_step or lower the learner's batch size",
-                    )
+                    await self._flush_learners()
                 await self._wait_for_change()
             self._waiting = False
             self.started += 1
             tasks.start_soon(self._episode, problem)
+
+    async def _flush_learners(self) -> None:
+        """Nothing runs and admission waits for a batch: the data already sent cannot
+        fill one. Ask each learner that has not moved since the last such request to
+        train on the complete groups it holds."""
+        for policy, ref in self._learners.items():
+            if self._flushed.get(policy) == self.batches[policy]:
+                continue
+            self._flushed[policy] = self.batches[policy]
+            self.node.log.info("learners_flushed", policy=policy, started=self.started)
+            await self.send(ref, FlushBatch(policy))
 
     async def _wait_for_change(self) -> None:
         """Wait for the next version or finished episode. Only ``_announce_change``
@@ -245,6 +258,8 @@ class Conductor(Actor):
             role = item.segment.role
             self._rewards[role].append(item.reward)
             self._actions[role] += 1
+            if self.on_scored is not None:
+                self.on_scored(item)
             await self.send(self._learners[item.segment.policy], item)
 
     def statistics(self) -> ConductorStats:

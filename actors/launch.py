@@ -22,10 +22,10 @@ import json
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import anyio
 import anyio.abc
@@ -34,10 +34,10 @@ import msgspec
 from safetensors.torch import load_file
 
 from actors.agent import AgentActor
-from actors.conductor import Conductor, ConductorStats, GetConductorStats
+from actors.conductor import Conductor, ConductorStats
 from actors.engines.weights import to_buckets
 from actors.evaluation import EvalReport, evaluate
-from actors.messages import Problem
+from actors.messages import Problem, ScoredSegment
 from actors.problems import arithmetic_problems, load_problems
 from actors.run_config import EMBEDDED, ConfigError, RunConfig, dump_config, load_config
 from actors.tiny_model import build_tiny_checkpoint
@@ -217,6 +217,40 @@ async def launch(config: RunConfig, run_dir: Path, *, train: bool = True) -> Eva
     evaluate the newest checkpoints), then evaluate on the held-out split."""
     models = await anyio.to_thread.run_sync(prepare_models, config, run_dir)
     problems = endless(problems_of(config, "train"), config.problems.seed)
+    with ExitStack() as files:
+        samples = _open_append(files, run_dir / "samples.jsonl")
+        return await _run(config, run_dir, models, problems, train, _sampler(samples))
+
+
+def _sampler(out: IO[bytes], every: int = 16) -> Callable[[ScoredSegment], None]:
+    """Writes every ``every``-th scored action's role, text and reward to ``out``."""
+    seen = itertools.count()
+
+    def sample(scored: ScoredSegment) -> None:
+        if next(seen) % every == 0:
+            segment = scored.segment
+            record = {
+                "role": segment.role,
+                "episode": segment.episode_id,
+                "version": int(segment.versions.min()),
+                "text": segment.text,
+                "reward": scored.reward,
+                "parts": scored.parts,
+            }
+            out.write(json.dumps(record).encode() + b"\n")
+            out.flush()
+
+    return sample
+
+
+async def _run(
+    config: RunConfig,
+    run_dir: Path,
+    models: dict[str, str],
+    problems: Iterator[Problem],
+    train: bool,
+    sampler: Callable[[ScoredSegment], None],
+) -> EvalReport:
     async with (
         open_node("head", listen="tcp://127.0.0.1:*") as head,
         open_processes(config, run_dir, head, models, learners=train),
@@ -233,11 +267,12 @@ async def launch(config: RunConfig, run_dir: Path, *, train: bool = True) -> Eva
             agents={role: f"agent/{role}" for role in config.roles},
             learners={policy: f"learner/{policy}" for policy in config.policies} if train else {},
             judge=await open_judge(config, head),
+            on_scored=sampler,
         )
-        ref = await head.spawn("conductor", lambda: conductor)
+        await head.spawn("conductor", lambda: conductor)
         if train:
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(_report, head, ref, config, run_dir)
+                tasks.start_soon(_report, conductor, config, run_dir)
                 await conductor.run(until_version=config.train.steps)
                 tasks.cancel_scope.cancel()
         else:
@@ -266,18 +301,26 @@ async def _load_newest_checkpoints(head: Node, config: RunConfig, run_dir: Path)
         print(f"{policy}: evaluating version {version} ({newest})", flush=True)
 
 
-async def _report(head: Node, ref: Any, config: RunConfig, run_dir: Path) -> None:
+async def _report(conductor: Conductor, config: RunConfig, run_dir: Path) -> None:
+    """A console line and a ``metrics.jsonl`` record every ``train.console_every``
+    seconds, and a last one when cancelled at the end of the run."""
     began = time.monotonic()
     with ExitStack() as files:
         metrics = _open_append(files, run_dir / "metrics.jsonl")
-        while True:
-            await anyio.sleep(config.train.console_every)
-            stats = await head.call(ref, GetConductorStats(), timeout=30)
-            elapsed = time.monotonic() - began
-            record = {"time_s": round(elapsed, 2), **msgspec.to_builtins(stats)}
-            metrics.write(json.dumps(record).encode() + b"\n")
+
+        def record() -> None:
+            stats, elapsed = conductor.statistics(), time.monotonic() - began
+            line = {"time_s": round(elapsed, 2), **msgspec.to_builtins(stats)}
+            metrics.write(json.dumps(line).encode() + b"\n")
             metrics.flush()
             print(console_line(stats, config.train.steps, elapsed), flush=True)
+
+        try:
+            while True:
+                await anyio.sleep(config.train.console_every)
+                record()
+        finally:
+            record()
 
 
 def console_line(stats: ConductorStats, steps: int, elapsed: float) -> str:

@@ -245,6 +245,14 @@ class Task(Request[TaskResult], frozen=True):
     """None: the agent's own sampling parameters (``n`` is ``group_size`` either way)."""
 
 
+class FlushBatch(Message, frozen=True):
+    """Train now on the complete groups (or counted actions) held, even if fewer than a
+    batch. The conductor sends it when nothing is running and admission waits for a
+    batch that the data already sent cannot fill."""
+
+    policy: str
+
+
 class LearnerProgress(Message, frozen=True):
     """Sent one-way by a learner after every step to the actors in its ``notify``
     list: the conductor's admission control follows the policies' versions by it."""

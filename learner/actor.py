@@ -26,6 +26,7 @@ from actors.engines.weight_group import GroupAddress, WeightGroup, specs_of
 from actors.engines.weights import to_buckets
 from actors.messages import (
     BroadcastWeights,
+    FlushBatch,
     GetLearnerStats,
     JoinWeightGroup,
     LearnerProgress,
@@ -33,7 +34,7 @@ from actors.messages import (
     ScoredSegment,
 )
 from learner.checkpoints import latest_checkpoint, read_checkpoint, write_checkpoint
-from learner.segment_log import SegmentLog, read_segments
+from learner.segment_log import Record, SegmentLog, read_segments
 from learner.trainer import LearnerConfig, Rejected, Trainer
 from runtime import Actor, ActorRef
 
@@ -41,7 +42,7 @@ _LOG = "segments.log"
 
 
 class LearnerActor(Actor):
-    inbox = ScoredSegment | GetLearnerStats
+    inbox = ScoredSegment | FlushBatch | GetLearnerStats
     mailbox_size = 256
 
     def __init__(self, model: Any, config: LearnerConfig) -> None:
@@ -69,7 +70,7 @@ class LearnerActor(Actor):
         root = Path(self.config.checkpoint_dir)
         root.mkdir(parents=True, exist_ok=True)
         trainer = self.trainer
-        replay = []
+        replay: list[Record] = []
         latest = latest_checkpoint(root)
         if latest is not None:
             state = read_checkpoint(latest, model=trainer.model, optimizer=trainer.optimizer)
@@ -80,6 +81,11 @@ class LearnerActor(Actor):
         if log_path.is_file():
             replay.extend(read_segments(log_path))
         for scored in replay:
+            if isinstance(scored, FlushBatch):
+                flushed = trainer.flush()
+                if flushed is not None:
+                    trainer.train(flushed)
+                continue
             try:
                 batch = trainer.admit(scored)
             except Rejected as refused:
@@ -107,20 +113,27 @@ class LearnerActor(Actor):
         if self._log is not None:
             self._log.close()
 
-    async def handle(self, message: ScoredSegment | GetLearnerStats) -> LearnerStats | None:
+    async def handle(
+        self, message: ScoredSegment | FlushBatch | GetLearnerStats
+    ) -> LearnerStats | None:
         if isinstance(message, GetLearnerStats):
             return self.statistics()
-        try:
-            batch = self.trainer.admit(message)
-        except Rejected as refused:
-            self.trainer.rejected[refused.reason] += 1
-            self.node.log.warning(
-                "segment_rejected",
-                learner=self.name,
-                reason=refused.reason,
-                detail=refused.detail,
-            )
-            return None
+        if isinstance(message, FlushBatch):
+            batch = self.trainer.flush()
+            if batch is None:
+                return None
+        else:
+            try:
+                batch = self.trainer.admit(message)
+            except Rejected as refused:
+                self.trainer.rejected[refused.reason] += 1
+                self.node.log.warning(
+                    "segment_rejected",
+                    learner=self.name,
+                    reason=refused.reason,
+                    detail=refused.detail,
+                )
+                return None
         if self._log is not None:
             # On disk before the handler returns, that is before the sender forgets it.
             await anyio.to_thread.run_sync(self._log.append, message)

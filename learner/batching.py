@@ -68,6 +68,11 @@ class CountBuffer:
         batch, self._pending = self._pending, []
         return batch
 
+    def take(self) -> list[ScoredSegment]:
+        """Everything pending, however few."""
+        batch, self._pending = self._pending, []
+        return batch
+
     @property
     def held(self) -> int:
         return len(self._pending)

@@ -111,7 +111,8 @@ def read_checkpoint(
     torch.set_rng_state(torch.load(path / "rng.pt", weights_only=True)["torch"])
     random.setstate(_python_state(meta["python_rng"]))
     np.random.set_state(meta["numpy_rng"])
-    held = read_segments(path / _HELD) if (path / _HELD).is_file() else []
+    records = read_segments(path / _HELD) if (path / _HELD).is_file() else []
+    held = [record for record in records if isinstance(record, ScoredSegment)]
     return TrainingState(meta["version"], meta["step"], frozenset(meta["consumed"]), held)
 
 

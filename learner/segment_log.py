@@ -21,8 +21,12 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from actors.messages import ScoredSegment
+from actors.messages import FlushBatch, ScoredSegment
 from runtime import Codec
+
+Record = ScoredSegment | FlushBatch
+"""What the log holds: accepted segments, and the flushes that cut a batch short (a
+replay must cut its batches where the original did)."""
 
 _HEADER = struct.Struct("<III")  # checksum of the body, payload bytes, frame count
 _LENGTH = struct.Struct("<I")
@@ -36,7 +40,7 @@ class SegmentLog:
         self._codec = Codec()
         self._file = open(self.path, "ab")  # noqa: SIM115 - held open for the log's life
 
-    def append(self, scored: ScoredSegment) -> None:
+    def append(self, scored: Record) -> None:
         self._file.write(encode_record(self._codec, scored))
         self._file.flush()
         os.fsync(self._file.fileno())
@@ -51,7 +55,7 @@ class SegmentLog:
         self._file.close()
 
 
-def write_segments(path: str | Path, segments: Iterable[ScoredSegment]) -> None:
+def write_segments(path: str | Path, segments: Iterable[Record]) -> None:
     """Write ``segments`` as a log file of their own, flushed to disk."""
     codec = Codec()
     with open(path, "wb") as file:
@@ -61,12 +65,12 @@ def write_segments(path: str | Path, segments: Iterable[ScoredSegment]) -> None:
         os.fsync(file.fileno())
 
 
-def read_segments(path: str | Path) -> list[ScoredSegment]:
-    """The segments of a log file in the order they were written, up to the first
+def read_segments(path: str | Path) -> list[Record]:
+    """The records of a log file in the order they were written, up to the first
     record that is cut short or fails its checksum."""
     codec = Codec()
     data = memoryview(Path(path).read_bytes())
-    segments: list[ScoredSegment] = []
+    segments: list[Record] = []
     offset = 0
     while offset + _HEADER.size <= len(data):
         checksum, payload, frame_count = _HEADER.unpack_from(data, offset)
@@ -85,14 +89,12 @@ def read_segments(path: str | Path) -> list[ScoredSegment]:
         for length in lengths:
             frames.append(data[position : position + length])
             position += length
-        segments.append(
-            codec.decode(data[lengths_end : lengths_end + payload], frames, ScoredSegment)
-        )
+        segments.append(codec.decode(data[lengths_end : lengths_end + payload], frames, Record))
         offset = end
     return segments
 
 
-def encode_record(codec: Codec, scored: ScoredSegment) -> bytes:
+def encode_record(codec: Codec, scored: Record) -> bytes:
     payload, frames = codec.encode(scored)
     body = b"".join(
         [

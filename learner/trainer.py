@@ -159,6 +159,16 @@ class Trainer:
         self._ready = []
         return batch
 
+    def flush(self) -> list[ScoredSegment] | None:
+        """The complete groups (GRPO) or the counted actions (REINFORCE++) held, as a
+        batch of their own; None when there are none."""
+        if self.config.algorithm == "grpo":
+            batch = [scored for group in self._ready for scored in group]
+            self._ready = []
+        else:
+            batch = self.counted.take()
+        return batch or None
+
     def _check(self, scored: ScoredSegment) -> None:
         segment = scored.segment
         sid = segment.segment_id

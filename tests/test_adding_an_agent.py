@@ -14,11 +14,11 @@ import trio
 import trio.testing
 
 from actors.conductor import Conductor, ConductorConfig
-from actors.messages import LearnerProgress, ScoredSegment, Task
+from actors.messages import FlushBatch, LearnerProgress, ScoredSegment, Task
 from actors.roles import ROLES
 from actors.workflows import WORKFLOWS
 from runtime.testing import Capture, open_cluster
-from tests.test_marsrl_pipeline import SCRIPTS, ScriptedAgent, problems
+from tests.test_marsrl_pipeline import SCRIPTS, ScriptedAgent, problems, scored_only
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "adding-an-agent.md"
 
@@ -48,7 +48,7 @@ async def test_the_documented_checker_runs_and_is_rewarded(autojump_clock: objec
     assert ROLES["checker"].parse("I get 7. Correct").verdict == "Correct"
     scripts = {**SCRIPTS, "checker": SCRIPTS["verifier"]}
     seen: list[Task] = []
-    learner = Capture(ScoredSegment)
+    learner = Capture(ScoredSegment | FlushBatch)
     config = ConductorConfig(workflow="solve-and-check", group_size=2, problems_per_step=1)
     async with open_cluster("head", "agents") as (head, agents):
         await head.spawn("learner/team", learner.factory)
@@ -66,7 +66,7 @@ async def test_the_documented_checker_runs_and_is_rewarded(autojump_clock: objec
             nursery.start_soon(functools.partial(conductor.run, until_version=1))
             await trio.testing.wait_all_tasks_blocked()
             await head.send(ref, LearnerProgress("team", 1, batches=1))
-    first = [s for s in learner.messages if s.segment.episode_id == "p0"]
+    first = [s for s in scored_only(learner.messages) if s.segment.episode_id == "p0"]
     assert [s.segment.role for s in first] == ["solver"] * 2 + ["checker"] * 2
     solver, checker = first[:2], first[2:]
     assert sorted(s.reward for s in solver) == [0.0, 1.0]

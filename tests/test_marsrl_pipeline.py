@@ -20,6 +20,7 @@ import trio.testing
 from actors.conductor import Conductor, ConductorConfig, ConductorStats, GetConductorStats
 from actors.messages import (
     AgentOutput,
+    FlushBatch,
     LearnerProgress,
     Problem,
     ScoredSegment,
@@ -27,6 +28,8 @@ from actors.messages import (
     Task,
     TaskResult,
 )
+from rewards.judge import RuleJudge
+from rewards.sandbox import extract_code
 from runtime import Actor
 from runtime.testing import Capture, open_cluster
 
@@ -81,8 +84,14 @@ class ScriptedAgent(Actor):
                 finish_reason="stop",
                 text=text,
             )
-            outputs.append(AgentOutput(segment, answer=answer, verdict=verdict))
+            code = extract_code(text) or ""
+            outputs.append(AgentOutput(segment, answer=answer, verdict=verdict, code=code))
         return TaskResult(task.task_id, outputs)
+
+
+def scored_only(messages: list[object]) -> list[ScoredSegment]:
+    """What a learner was sent, less the conductor's flush requests."""
+    return [m for m in messages if isinstance(m, ScoredSegment)]
 
 
 def problems() -> Iterator[Problem]:
@@ -97,7 +106,7 @@ async def one_episode(
     saw, what reached the learner, and the conductor's statistics at that moment. The
     learner never reports a step, so admission must hold every later problem back."""
     seen: list[Task] = []
-    learner = Capture(ScoredSegment)
+    learner = Capture(ScoredSegment | FlushBatch)
     async with open_cluster("head", "agents") as (head, agents):
         await head.spawn("learner/team", learner.factory)
         for role in SCRIPTS:
@@ -116,7 +125,7 @@ async def one_episode(
             await learner.wait_for(2 * 13 if config.reward == "agent" else 1)
             stats = await head.call(ref, GetConductorStats(), timeout=5)
             await head.send(ref, LearnerProgress("team", 1))
-    return seen, learner.messages, stats
+    return seen, scored_only(learner.messages), stats
 
 
 CONFIG = ConductorConfig(group_size=2, select=2, max_staleness=0, problems_per_step=1)
@@ -169,7 +178,7 @@ async def test_admission_follows_the_learners_and_run_ends_at_the_target(
     (max_staleness 0, one problem a batch), also a batch skipped without a new version;
     ``run`` returns once the target version is reported."""
     seen: list[Task] = []
-    learner = Capture(ScoredSegment)
+    learner = Capture(ScoredSegment | FlushBatch)
     async with open_cluster("head", "agents") as (head, agents):
         await head.spawn("learner/team", learner.factory)
         for role in SCRIPTS:
@@ -190,3 +199,48 @@ async def test_admission_follows_the_learners_and_run_ends_at_the_target(
                     assert (conductor.started, conductor.finished) == (batches, batches)
                     await head.send(ref, LearnerProgress("team", version, batches=batches))
     assert len({t.episode_id for t in seen}) == 5
+
+
+MAPPA_SCRIPTS = {
+    "problem_solver": [("Add them: \\boxed{7}", "7", "")],
+    "code_executor": [("```python\nprint(3 + 4)\n```", "", "")],
+    "final_verifier": [("\\boxed{7}", "7", "")],
+}
+
+
+async def test_a_mappa_episode_scores_every_action_with_the_judge(autojump_clock: object) -> None:
+    """Solver, then the executor's code through the sandbox (its output is what the
+    verifier and the judge see), then the verifier; each action scored by the judge."""
+    seen: list[Task] = []
+    ran: list[str] = []
+    learner = Capture(ScoredSegment | FlushBatch)
+
+    async def sandbox(code: str) -> str:
+        ran.append(code)
+        return "7\n"
+
+    config = ConductorConfig(workflow="mappa", group_size=1, problems_per_step=1, max_staleness=0)
+    async with open_cluster("head", "agents") as (head, agents):
+        await head.spawn("learner/team", learner.factory)
+        for role in MAPPA_SCRIPTS:
+            await agents.spawn(f"agent/{role}", lambda: ScriptedAgent(seen, MAPPA_SCRIPTS))
+        conductor = Conductor(
+            config,
+            problems(),
+            policies=dict.fromkeys(MAPPA_SCRIPTS, "team"),
+            agents={role: f"agent/{role}" for role in MAPPA_SCRIPTS},
+            learners={"team": "learner/team"},
+            judge=RuleJudge(),
+            sandbox=sandbox,
+        )
+        await head.spawn("conductor", lambda: conductor)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(conductor.run, until_version=1))
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    first = [s for s in scored_only(learner.messages) if s.segment.episode_id == "p0"]
+    assert [s.segment.role for s in first] == ["problem_solver", "code_executor", "final_verifier"]
+    assert ran == ["print(3 + 4)\n"]
+    assert [t.inputs.get("observation", "") for t in seen if t.role == "final_verifier"] == ["7\n"]
+    assert [s.reward for s in first] == [1.0, 1.0, 1.0]
+    assert all(s.parts["judge_score"] == 10.0 for s in first)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from actors.messages import FlushBatch
 from learner import checkpoints
 from learner.checkpoints import (
     complete_checkpoints,
@@ -106,3 +107,15 @@ def test_the_segment_log_ends_at_a_record_cut_short_or_corrupted(tmp_path: Path)
     log.append(written[2])
     log.close()
     assert encoded(read_segments(path)) == encoded(written[2:])
+
+
+def test_the_segment_log_keeps_flushes_in_their_place(tmp_path: Path) -> None:
+    path = tmp_path / "segments.log"
+    log = SegmentLog(path)
+    log.append(scored("s0"))
+    log.append(FlushBatch("p"))
+    log.append(scored("s1"))
+    log.close()
+    records = read_segments(path)
+    assert [type(r).__name__ for r in records] == ["ScoredSegment", "FlushBatch", "ScoredSegment"]
+    assert records[1] == FlushBatch("p")

@@ -153,3 +153,17 @@ def test_a_batch_of_equal_rewards_is_consumed_without_a_step(trainer: Trainer) -
     assert metrics["zero_variance_groups"] == 1
     assert (trainer.version, trainer.steps, trainer.skipped_batches) == (0, 0, 1)
     assert trainer.consumed == {"a", "b"}
+
+
+def test_a_flush_trains_the_complete_groups_held_and_leaves_partial_ones(
+    tiny_path: Path,
+) -> None:
+    config = LearnerConfig(policy="p", lr=1e-3, groups_per_batch=4)
+    trainer = Trainer(load_checkpoint(tiny_path).model, config)
+    assert trainer.flush() is None
+    for segment in (scored("a", reward=1.0), scored("b", reward=0.0), scored("c", group="h")):
+        assert trainer.admit(segment) is None
+    batch = trainer.flush()
+    assert batch is not None and [s.segment.segment_id for s in batch] == ["a", "b"]
+    trainer.train(batch)
+    assert (trainer.version, trainer.held, trainer.flush()) == (1, 1, None)
