@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import anyio
 import msgspec
-from rewards.answers import is_equivalent
 
 from actors.messages import AgentOutput, Problem, SamplingParams
 from actors.workflows import Team
+from rewards.answers import is_equivalent
 
 
 class EvalSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

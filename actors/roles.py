@@ -14,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from actors.messages import ChatTurn
 from rewards.answers import extract_answer
 from rewards.marsrl import parse_verdict
 from rewards.sandbox import extract_code
-
-from actors.messages import ChatTurn
 
 
 @dataclass(frozen=True)
