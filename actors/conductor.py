@@ -75,6 +75,7 @@ class ConductorStats(Message, frozen=True):
     were emitted already."""
     in_flight: int
     versions: dict[str, int]
+    batches: dict[str, int]
     roles: dict[str, RoleStats]
     solver_accuracy: float
     """Solver outputs right, over the last 64 episodes."""
@@ -160,14 +161,16 @@ class Conductor(Actor):
     def version(self) -> int:
         return min(self.versions.values(), default=0)
 
-    async def run(self, *, until_version: int) -> None:
-        """Start episodes until every learner reached ``until_version``; episodes still
+    async def run(self, *, until_batches: int) -> None:
+        """Start episodes until every learner has consumed ``until_batches`` batches
+        (steps, and batches skipped for equal rewards: counting steps alone, a learner
+        whose every group scores alike would keep the run going for ever); episodes still
         running then are cancelled."""
         await self.connect()
         self._began = time.monotonic()
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._admit, tasks)
-            while self.version < until_version:
+            while min(self.batches.values(), default=0) < until_batches:
                 await self._wait_for_change()
             tasks.cancel_scope.cancel()
 
@@ -278,6 +281,7 @@ class Conductor(Actor):
             failed=self.failed,
             in_flight=self.started - self.finished,
             versions=dict(self.versions),
+            batches=dict(self.batches),
             roles=roles,
             solver_accuracy=sum(self._accuracy) / max(len(self._accuracy), 1),
             waiting_for_learners=self._waiting,

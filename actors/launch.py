@@ -113,7 +113,13 @@ def prepare_models(config: RunConfig, run_dir: Path) -> dict[str, str]:
         if not (path / "config.json").is_file():
             build_tiny_checkpoint(path, seed=config.problems.seed)
             roles = [r for r, p in config.roles.items() if p == policy]
-            examples = format_examples(roles, problems_of(config, "train"), 2048)
+            examples = format_examples(
+                roles,
+                problems_of(config, "train"),
+                4096,
+                correct=settings.warm_start_correct,
+                seed=config.problems.seed,
+            )
             print(f"warm start: teaching {policy} the output formats of {roles} ...", flush=True)
             loss = teach_formats(path, examples, steps=settings.warm_start_steps)
             print(f"warm start: done (loss {loss:.3f})", flush=True)
@@ -212,7 +218,7 @@ def _open_append(files: ExitStack, path: Path) -> IO[bytes]:
     return files.enter_context(open(path, "ab"))
 
 
-async def launch(config: RunConfig, run_dir: Path, *, train: bool = True) -> EvalReport:
+async def launch(config: RunConfig, run_dir: Path, *, train: bool = True) -> dict[str, EvalReport]:
     """Train until every learner has taken ``train.steps`` steps (``train`` False: only
     evaluate the newest checkpoints), then evaluate on the held-out split."""
     models = await anyio.to_thread.run_sync(prepare_models, config, run_dir)
@@ -250,7 +256,7 @@ async def _run(
     problems: Iterator[Problem],
     train: bool,
     sampler: Callable[[ScoredSegment], None],
-) -> EvalReport:
+) -> dict[str, EvalReport]:
     async with (
         open_node("head", listen="tcp://127.0.0.1:*") as head,
         open_processes(config, run_dir, head, models, learners=train),
@@ -270,19 +276,25 @@ async def _run(
             on_scored=sampler,
         )
         await head.spawn("conductor", lambda: conductor)
+        held_out = problems_of(config, "test")[: config.eval.problems]
+        reports: dict[str, EvalReport] = {}
+        if train and config.eval.before:
+            await conductor.connect()
+            print(f"evaluating on {len(held_out)} held-out problems before RL ...", flush=True)
+            reports["start"] = await evaluate(conductor, held_out, config.eval)
         if train:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(_report, conductor, config, run_dir)
-                await conductor.run(until_version=config.train.steps)
+                await conductor.run(until_batches=config.train.steps)
                 tasks.cancel_scope.cancel()
         else:
             await conductor.connect()
             await _load_newest_checkpoints(head, config, run_dir)
-        held_out = problems_of(config, "test")[: config.eval.problems]
         print(f"evaluating on {len(held_out)} held-out problems ...", flush=True)
-        report = await evaluate(conductor, held_out, config.eval)
-    (run_dir / "eval.json").write_text(json.dumps(dataclasses.asdict(report), indent=1))
-    return report
+        reports["end" if train else "checkpoint"] = await evaluate(conductor, held_out, config.eval)
+    record = {when: dataclasses.asdict(report) for when, report in reports.items()}
+    (run_dir / "eval.json").write_text(json.dumps(record, indent=1))
+    return reports
 
 
 async def _load_newest_checkpoints(head: Node, config: RunConfig, run_dir: Path) -> None:
@@ -325,14 +337,16 @@ async def _report(conductor: Conductor, config: RunConfig, run_dir: Path) -> Non
 
 def console_line(stats: ConductorStats, steps: int, elapsed: float) -> str:
     version = min(stats.versions.values(), default=0)
-    done = version / max(steps, 1)
+    batches = min(stats.batches.values(), default=0)
+    done = batches / max(steps, 1)
     eta = elapsed * (1 - done) / done if done > 0 else float("nan")
     bar = "#" * int(done * 20)
     roles = "  ".join(
         f"{role} r={r.reward_mean:.2f} {r.actions_per_s:.1f}/s" for role, r in stats.roles.items()
     )
     return (
-        f"[{bar:<20}] v{version}/{steps} eta {eta:4.0f}s | solver acc {stats.solver_accuracy:.2f}"
+        f"[{bar:<20}] batch {batches}/{steps} v{version} eta {eta:4.0f}s"
+        f" | solver acc {stats.solver_accuracy:.2f}"
         f" | episodes {stats.finished}+{stats.in_flight}"
         f"{' (waiting for learners)' if stats.waiting_for_learners else ''} | {roles}"
     )
@@ -363,15 +377,28 @@ def main() -> None:
     print(f"run directory: {run_dir}", flush=True)
     with open(run_dir / "logs" / "head.jsonl", "a") as head_log:
         configure_logging("info", stream=head_log)
-        report = anyio.run(
+        reports = anyio.run(
             functools.partial(launch, config, run_dir, train=not args.eval), backend="trio"
         )
-    print(
-        f"held-out accuracy over {report.problems} problems: Solver {report.solver_accuracy:.3f}"
-        f" | system (Verifier-Corrector loop) {report.system_accuracy:.3f}"
-        f" | accepted {report.accepted:.2f}\nrun directory: {run_dir}",
-        flush=True,
-    )
+    print(accuracy_table(reports, config.train.steps), flush=True)
+    print(f"run directory: {run_dir}", flush=True)
+
+
+def accuracy_table(reports: dict[str, EvalReport], steps: int) -> str:
+    """Solver-only and system accuracy side by side, as MarsRL's Table 1 has them."""
+    labels = {
+        "start": "before RL (after warm start)",
+        "end": f"after {steps} RL batches",
+        "checkpoint": "the newest checkpoints",
+    }
+    problems = next(iter(reports.values())).problems
+    lines = [f"held-out accuracy, {problems} problems      Solver   system   accepted"]
+    for when, report in reports.items():
+        lines.append(
+            f"  {labels[when]:<34} {report.solver_accuracy:>6.3f}   "
+            f"{report.system_accuracy:>6.3f}   {report.accepted:>8.2f}"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

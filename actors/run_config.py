@@ -38,6 +38,9 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     warm_start_steps: int = 300
     """Embedded model only: supervised steps that teach it the roles' output formats
     before RL (a stand-in for the pretraining a real checkpoint has had)."""
+    warm_start_correct: float = 0.0
+    """The fraction of warm-start answer labels that are right (the rest are wrong
+    numbers near the answer): how good a start the stand-in pretraining gives."""
 
 
 class JudgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -65,7 +68,8 @@ class ProblemsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     steps: int = 40
-    """The run ends when every learner has taken this many steps."""
+    """The run ends when every learner has consumed this many batches (a batch whose
+    groups all scored alike is consumed without a step)."""
     checkpoint_every: int = 10
     console_every: float = 5.0
     """Seconds between console lines and metrics records."""
@@ -74,6 +78,8 @@ class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class EvalConfig(EvalSettings, frozen=True, forbid_unknown_fields=True):
     problems: int = 64
     """Held-out problems evaluated at the end of a run (and by ``--eval``)."""
+    before: bool = True
+    """Also evaluate before the first step, so the run reports its own rise."""
 
 
 class RunConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -2,16 +2,16 @@
 
 A randomly initialised model almost never writes ``\\boxed{7}`` or ends with a verdict,
 so RL from it would wait a long time for its first reward. Real runs start from a
-pretrained checkpoint that already follows instructions; for the embedded default a few
-hundred supervised steps stand in for that. They teach the *format* only: every target
-answer is a random digit and every target verdict a coin flip, so correctness is left
-for RL to learn.
+pretrained checkpoint that already follows instructions and is right some of the time;
+for the embedded default a fixed number of supervised steps stands in for that, on
+labels that are right only a fraction of the time (``correct``). The run evaluates on
+held-out problems after this warm start and again at its end, so the rise it reports
+is RL's own.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,11 +20,6 @@ from actors.messages import ChatTurn, Problem
 from actors.models import load_checkpoint
 from actors.roles import role_named
 
-_TARGETS: dict[str, Callable[[random.Random], str]] = {
-    "answer": lambda rng: f"\\boxed{{{rng.randrange(10)}}}",
-    "verdict": lambda rng: rng.choice(["Correct", "Wrong"]),
-    "code": lambda rng: f"```python\nprint({rng.randrange(10)})\n```",
-}
 _KIND = {
     "solver": "answer",
     "corrector": "answer",
@@ -36,23 +31,50 @@ _KIND = {
 
 
 def format_examples(
-    roles: list[str], problems: list[Problem], count: int, seed: int = 0
+    roles: list[str],
+    problems: list[Problem],
+    count: int,
+    *,
+    correct: float = 0.0,
+    seed: int = 0,
 ) -> list[tuple[list[ChatTurn], str]]:
     """``count`` (chat, target) pairs spread over ``roles``, built with each role's own
-    prompt template on ``problems``."""
+    prompt template on ``problems``. A fraction ``correct`` of the answer targets is
+    the problem's answer and the rest a wrong number near it; a verdict target judges
+    a shown answer (right half of the time) truly with the same probability."""
     rng = random.Random(seed)
     examples = []
     for i in range(count):
         role = role_named(roles[i % len(roles)])
         problem = rng.choice(problems)
+        shown_right = rng.random() < 0.5
+        shown = _answer(problem, shown_right, rng)
         inputs = {
             "problem": problem.text,
-            "solution": _TARGETS["answer"](rng),
-            "report": _TARGETS["verdict"](rng),
-            "observation": str(rng.randrange(10)),
+            "solution": f"\\boxed{{{shown}}}",
+            "report": "Wrong",
+            "observation": shown,
         }
-        examples.append((role.render(inputs), _TARGETS[_KIND.get(role.name, "answer")](rng)))
+        kind = _KIND.get(role.name, "answer")
+        honest = rng.random() < correct
+        if kind == "verdict":
+            target = "Correct" if shown_right == honest else "Wrong"
+        elif kind == "code":
+            target = f"```python\nprint({_answer(problem, honest, rng)})\n```"
+        else:
+            target = f"\\boxed{{{_answer(problem, honest, rng)}}}"
+        examples.append((role.render(inputs), target))
     return examples
+
+
+def _answer(problem: Problem, right: bool, rng: random.Random) -> str:
+    if right:
+        return problem.answer
+    try:
+        value = int(problem.answer)
+    except ValueError:
+        return str(rng.randrange(10))
+    return str(max(0, value + rng.choice([-3, -2, -1, 1, 2, 3])))
 
 
 def teach_formats(

@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import sys
 
 import anyio
-import anyio.to_thread
 import msgspec
 import torch
 
 from actors.models import check_checkpoint, load_checkpoint
 from learner.actor import LearnerActor
 from learner.trainer import LearnerConfig
-from runtime import configure_logging, open_node
+from runtime import configure_logging, open_node, wait_until_stopped
 
 
 async def serve(args: argparse.Namespace, config: LearnerConfig) -> None:
@@ -38,16 +35,7 @@ async def serve(args: argparse.Namespace, config: LearnerConfig) -> None:
             name, lambda: LearnerActor(load_checkpoint(args.model, device=device).model, config)
         )
         print(json.dumps({"ready": node.address, "name": name}), flush=True)
-        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
-            async with anyio.create_task_group() as tasks:
-
-                async def until_stdin_closes() -> None:
-                    await anyio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
-                    tasks.cancel_scope.cancel()
-
-                tasks.start_soon(until_stdin_closes)
-                async for _ in signals:
-                    tasks.cancel_scope.cancel()
+        await wait_until_stopped()
 
 
 def main() -> None:

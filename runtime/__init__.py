@@ -10,6 +10,7 @@ General layout (everything public is re-exported here; the modules are private):
 * ``_supervisor``: OTP-style restart strategies
 * ``_node``: ``open_node`` and routing; ``_registry``: the head node's name registry
 * ``_transport``: the transport interface; ``_zmq`` and ``_memory`` implement it
+* ``_lifetime``: ``wait_until_stopped``, what a node process serves until
 
 The runtime knows nothing about LLMs and never imports torch.
 """
@@ -28,6 +29,7 @@ from ._errors import (
     RemoteError,
     SupervisionEscalated,
 )
+from ._lifetime import wait_until_stopped
 from ._link import LinkStatistics
 from ._log import configure_logging
 from ._memory import MemoryNetwork
@@ -67,4 +69,5 @@ __all__ = [
     "configure_logging",
     "current_delivery",
     "open_node",
+    "wait_until_stopped",
 ]

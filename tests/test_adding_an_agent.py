@@ -13,12 +13,11 @@ import pytest
 import trio
 import trio.testing
 
-from actors.conductor import Conductor, ConductorConfig
-from actors.messages import FlushBatch, LearnerProgress, ScoredSegment, Task
+from actors.conductor import ConductorConfig
+from actors.messages import LearnerProgress
 from actors.roles import ROLES
 from actors.workflows import WORKFLOWS
-from runtime.testing import Capture, open_cluster
-from tests.test_marsrl_pipeline import SCRIPTS, ScriptedAgent, problems, scored_only
+from tests.test_marsrl_pipeline import SCRIPTS, scored_only, scripted_team
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "adding-an-agent.md"
 
@@ -46,27 +45,13 @@ def page_code() -> Iterator[None]:
 @pytest.mark.usefixtures("page_code")
 async def test_the_documented_checker_runs_and_is_rewarded(autojump_clock: object) -> None:
     assert ROLES["checker"].parse("I get 7. Correct").verdict == "Correct"
-    scripts = {**SCRIPTS, "checker": SCRIPTS["verifier"]}
-    seen: list[Task] = []
-    learner = Capture(ScoredSegment | FlushBatch)
+    scripts = {"solver": SCRIPTS["solver"], "checker": SCRIPTS["verifier"]}
     config = ConductorConfig(workflow="solve-and-check", group_size=2, problems_per_step=1)
-    async with open_cluster("head", "agents") as (head, agents):
-        await head.spawn("learner/team", learner.factory)
-        for role in ("solver", "checker"):
-            await agents.spawn(f"agent/{role}", lambda: ScriptedAgent(seen, scripts))
-        conductor = Conductor(
-            config,
-            problems(),
-            policies={"solver": "team", "checker": "team"},
-            agents={"solver": "agent/solver", "checker": "agent/checker"},
-            learners={"team": "learner/team"},
-        )
-        ref = await head.spawn("conductor", lambda: conductor)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(conductor.run, until_version=1))
-            await trio.testing.wait_all_tasks_blocked()
-            await head.send(ref, LearnerProgress("team", 1, batches=1))
-    first = [s for s in scored_only(learner.messages) if s.segment.episode_id == "p0"]
+    async with scripted_team(config, scripts) as team, trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(team.conductor.run, until_batches=1))
+        await trio.testing.wait_all_tasks_blocked()
+        await team.head.send(team.ref, LearnerProgress("team", 1, batches=1))
+    first = [s for s in scored_only(team.learner.messages) if s.segment.episode_id == "p0"]
     assert [s.segment.role for s in first] == ["solver"] * 2 + ["checker"] * 2
     solver, checker = first[:2], first[2:]
     assert sorted(s.reward for s in solver) == [0.0, 1.0]

@@ -78,13 +78,15 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
     done = launch(*(f"--set={o}" for o in short), cwd=root)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert "held-out accuracy over 4 problems" in done.stdout
+    assert "held-out accuracy, 4 problems" in done.stdout
+    assert "before RL" in done.stdout and "after 2 RL batches" in done.stdout
     assert (run_dir / "config.toml").is_file() and (run_dir / "samples.jsonl").stat().st_size
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics and set(metrics[-1]["roles"]) <= {"solver", "verifier", "corrector"}
     assert (run_dir / "checkpoints" / "team" / "step-000000002").is_dir()
     report = json.loads((run_dir / "eval.json").read_text())
-    assert report["problems"] == 4
+    assert report["start"]["problems"] == report["end"]["problems"] == 4
     again = launch("--resume", str(run_dir), "--eval", cwd=root)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "evaluating version 2" in again.stdout
+    assert "the newest checkpoints" in again.stdout

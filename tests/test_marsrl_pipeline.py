@@ -9,7 +9,10 @@ from __future__ import annotations
 import functools
 import itertools
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -30,7 +33,7 @@ from actors.messages import (
 )
 from rewards.judge import RuleJudge
 from rewards.sandbox import extract_code
-from runtime import Actor
+from runtime import Actor, ActorRef, Node
 from runtime.testing import Capture, open_cluster
 
 pytestmark = pytest.mark.anyio
@@ -99,33 +102,55 @@ def problems() -> Iterator[Problem]:
         yield Problem(f"p{i}", f"What is {i} + 7 - {i}?", "7")
 
 
+@dataclass
+class Team:
+    """A conductor on a head node, scripted agents on another, and a capture in the
+    learner's place."""
+
+    head: Node
+    ref: ActorRef
+    conductor: Conductor
+    learner: Capture
+    seen: list[Task]
+
+
+@asynccontextmanager
+async def scripted_team(
+    config: ConductorConfig,
+    scripts: dict[str, list[tuple[str, str, str]]] = SCRIPTS,
+    **options: Any,
+) -> AsyncIterator[Team]:
+    seen: list[Task] = []
+    learner = Capture(ScoredSegment | FlushBatch)
+    async with open_cluster("head", "agents") as (head, agents):
+        await head.spawn("learner/team", learner.factory)
+        for role in scripts:
+            await agents.spawn(f"agent/{role}", lambda: ScriptedAgent(seen, scripts))
+        conductor = Conductor(
+            config,
+            problems(),
+            policies=dict.fromkeys(scripts, "team"),
+            agents={role: f"agent/{role}" for role in scripts},
+            learners={"team": "learner/team"},
+            **options,
+        )
+        ref = await head.spawn("conductor", lambda: conductor)
+        yield Team(head, ref, conductor, learner, seen)
+
+
 async def one_episode(
     config: ConductorConfig,
 ) -> tuple[list[Task], list[ScoredSegment], ConductorStats]:
     """Run the conductor until its first episode is done; returns the tasks the agents
     saw, what reached the learner, and the conductor's statistics at that moment. The
     learner never reports a step, so admission must hold every later problem back."""
-    seen: list[Task] = []
-    learner = Capture(ScoredSegment | FlushBatch)
-    async with open_cluster("head", "agents") as (head, agents):
-        await head.spawn("learner/team", learner.factory)
-        for role in SCRIPTS:
-            await agents.spawn(f"agent/{role}", lambda: ScriptedAgent(seen))
-        conductor = Conductor(
-            config,
-            problems(),
-            policies=dict.fromkeys(SCRIPTS, "team"),
-            agents={role: f"agent/{role}" for role in SCRIPTS},
-            learners={"team": "learner/team"},
-        )
-        ref = await head.spawn("conductor", lambda: conductor)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(conductor.run, until_version=1))
-            await trio.testing.wait_all_tasks_blocked()
-            await learner.wait_for(2 * 13 if config.reward == "agent" else 1)
-            stats = await head.call(ref, GetConductorStats(), timeout=5)
-            await head.send(ref, LearnerProgress("team", 1))
-    return seen, scored_only(learner.messages), stats
+    async with scripted_team(config) as team, trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(team.conductor.run, until_batches=1))
+        await trio.testing.wait_all_tasks_blocked()
+        await team.learner.wait_for(2 * 13 if config.reward == "agent" else 1)
+        stats = await team.head.call(team.ref, GetConductorStats(), timeout=5)
+        await team.head.send(team.ref, LearnerProgress("team", 1, batches=1))
+    return team.seen, scored_only(team.learner.messages), stats
 
 
 CONFIG = ConductorConfig(group_size=2, select=2, max_staleness=0, problems_per_step=1)
@@ -176,29 +201,17 @@ async def test_admission_follows_the_learners_and_run_ends_at_the_target(
 ) -> None:
     """Each batch the learner reports consuming lets one more problem start
     (max_staleness 0, one problem a batch), also a batch skipped without a new version;
-    ``run`` returns once the target version is reported."""
-    seen: list[Task] = []
-    learner = Capture(ScoredSegment | FlushBatch)
-    async with open_cluster("head", "agents") as (head, agents):
-        await head.spawn("learner/team", learner.factory)
-        for role in SCRIPTS:
-            await agents.spawn(f"agent/{role}", lambda: ScriptedAgent(seen))
-        conductor = Conductor(
-            CONFIG,
-            problems(),
-            policies=dict.fromkeys(SCRIPTS, "team"),
-            agents={role: f"agent/{role}" for role in SCRIPTS},
-            learners={"team": "learner/team"},
-        )
-        ref = await head.spawn("conductor", lambda: conductor)
+    ``run`` returns once the learner reports the target number of batches."""
+    async with scripted_team(CONFIG) as team:
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(functools.partial(conductor.run, until_version=4))
+                nursery.start_soon(functools.partial(team.conductor.run, until_batches=5))
                 for batches, version in enumerate([1, 1, 2, 3, 4], start=1):
                     await trio.testing.wait_all_tasks_blocked()
-                    assert (conductor.started, conductor.finished) == (batches, batches)
-                    await head.send(ref, LearnerProgress("team", version, batches=batches))
-    assert len({t.episode_id for t in seen}) == 5
+                    assert (team.conductor.started, team.conductor.finished) == (batches, batches)
+                    progress = LearnerProgress("team", version, batches=batches)
+                    await team.head.send(team.ref, progress)
+    assert len({t.episode_id for t in team.seen}) == 5
 
 
 MAPPA_SCRIPTS = {
@@ -211,34 +224,23 @@ MAPPA_SCRIPTS = {
 async def test_a_mappa_episode_scores_every_action_with_the_judge(autojump_clock: object) -> None:
     """Solver, then the executor's code through the sandbox (its output is what the
     verifier and the judge see), then the verifier; each action scored by the judge."""
-    seen: list[Task] = []
     ran: list[str] = []
-    learner = Capture(ScoredSegment | FlushBatch)
 
     async def sandbox(code: str) -> str:
         ran.append(code)
         return "7\n"
 
     config = ConductorConfig(workflow="mappa", group_size=1, problems_per_step=1, max_staleness=0)
-    async with open_cluster("head", "agents") as (head, agents):
-        await head.spawn("learner/team", learner.factory)
-        for role in MAPPA_SCRIPTS:
-            await agents.spawn(f"agent/{role}", lambda: ScriptedAgent(seen, MAPPA_SCRIPTS))
-        conductor = Conductor(
-            config,
-            problems(),
-            policies=dict.fromkeys(MAPPA_SCRIPTS, "team"),
-            agents={role: f"agent/{role}" for role in MAPPA_SCRIPTS},
-            learners={"team": "learner/team"},
-            judge=RuleJudge(),
-            sandbox=sandbox,
-        )
-        await head.spawn("conductor", lambda: conductor)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(conductor.run, until_version=1))
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.cancel_scope.cancel()
-    first = [s for s in scored_only(learner.messages) if s.segment.episode_id == "p0"]
+    options = {"judge": RuleJudge(), "sandbox": sandbox}
+    async with (
+        scripted_team(config, MAPPA_SCRIPTS, **options) as team,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(functools.partial(team.conductor.run, until_batches=1))
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    seen = team.seen
+    first = [s for s in scored_only(team.learner.messages) if s.segment.episode_id == "p0"]
     assert [s.segment.role for s in first] == ["problem_solver", "code_executor", "final_verifier"]
     assert ran == ["print(3 + 4)\n"]
     assert [t.inputs.get("observation", "") for t in seen if t.role == "final_verifier"] == ["7\n"]

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -24,7 +22,7 @@ import torch
 
 from actors.engines.base import EngineActor, EngineCore
 from actors.models import check_checkpoint, load_checkpoint
-from runtime import configure_logging, open_node
+from runtime import configure_logging, open_node, wait_until_stopped
 
 
 @asynccontextmanager
@@ -57,16 +55,7 @@ async def serve(args: argparse.Namespace) -> None:
     ):
         await node.spawn(name, lambda: EngineActor(core))
         print(json.dumps({"ready": node.address, "name": name}), flush=True)
-        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
-            async with anyio.create_task_group() as tasks:
-
-                async def until_stdin_closes() -> None:
-                    await anyio.to_thread.run_sync(sys.stdin.read, abandon_on_cancel=True)
-                    tasks.cancel_scope.cancel()
-
-                tasks.start_soon(until_stdin_closes)
-                async for _ in signals:
-                    tasks.cancel_scope.cancel()
+        await wait_until_stopped()
 
 
 def main() -> None:
