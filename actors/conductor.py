@@ -65,6 +65,11 @@ class RoleStats(Message, frozen=True):
     reward_mean: float
     """Over the last 256 actions."""
     actions_per_s: float
+    queued: int
+    """Groups asked of this role's agent and not answered yet: its queue depth."""
+    staleness_mean: float
+    """Over the last 256 actions: the policy's version when the action was sent to its
+    learner, less the oldest version that generated it."""
 
 
 class ConductorStats(Message, frozen=True):
@@ -123,6 +128,8 @@ class Conductor(Actor):
         self._changed = anyio.Event()
         self._tasks = itertools.count()
         self._rewards: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=256))
+        self._staleness: dict[str, deque[int]] = defaultdict(lambda: deque(maxlen=256))
+        self._queued: dict[str, int] = defaultdict(int)
         self._actions: dict[str, int] = defaultdict(int)
         self._accuracy: deque[float] = deque(maxlen=64)
         self._waiting = False
@@ -251,7 +258,11 @@ class Conductor(Actor):
             parent_id=parent_id,
             sampling=sampling,
         )
-        result = await self.call(self._agents[role], task, timeout=self.config.task_timeout)
+        self._queued[role] += 1
+        try:
+            result = await self.call(self._agents[role], task, timeout=self.config.task_timeout)
+        finally:
+            self._queued[role] -= 1
         return result.outputs
 
     async def emit(self, scored: list[ScoredSegment]) -> None:
@@ -261,6 +272,10 @@ class Conductor(Actor):
             role = item.segment.role
             self._rewards[role].append(item.reward)
             self._actions[role] += 1
+            versions = item.segment.versions
+            if len(versions):
+                behind = self.versions.get(item.segment.policy, 0) - int(versions.min())
+                self._staleness[role].append(behind)
             if self.on_scored is not None:
                 self.on_scored(item)
             await self.send(self._learners[item.segment.policy], item)
@@ -272,6 +287,8 @@ class Conductor(Actor):
                 actions=self._actions[role],
                 reward_mean=sum(rewards) / max(len(rewards), 1),
                 actions_per_s=self._actions[role] / elapsed,
+                queued=self._queued[role],
+                staleness_mean=sum(self._staleness[role]) / max(len(self._staleness[role]), 1),
             )
             for role, rewards in self._rewards.items()
         }

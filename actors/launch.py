@@ -20,10 +20,11 @@ import functools
 import itertools
 import json
 import random
-import sys
+import shutil
+import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import ExitStack, asynccontextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import IO
 
@@ -34,19 +35,34 @@ import msgspec
 from safetensors.torch import load_file
 
 from actors.agent import AgentActor
+from actors.cluster import (
+    ClusterError,
+    SlurmTask,
+    head_listen,
+    node_listen,
+    serve_worker,
+    slurm_task,
+)
 from actors.conductor import Conductor, ConductorStats
 from actors.engines.weights import to_buckets
 from actors.evaluation import EvalReport, evaluate
 from actors.messages import Problem, ScoredSegment
 from actors.problems import arithmetic_problems, load_problems
-from actors.run_config import EMBEDDED, ConfigError, RunConfig, dump_config, load_config
+from actors.processes import open_append, open_processes
+from actors.run_config import (
+    EMBEDDED,
+    JUDGE_POLICY,
+    ConfigError,
+    RunConfig,
+    dump_config,
+    load_config,
+)
 from actors.tiny_model import build_tiny_checkpoint
 from actors.warm_start import format_examples, teach_formats
 from learner.checkpoints import latest_checkpoint
 from rewards.judge import Judge, JudgeActor, LLMJudge, RemoteJudge, RuleJudge, engine_generate
 from runtime import Node, configure_logging, open_node
 
-JUDGE_POLICY = "judge"
 """The policy name an LLM judge's engine serves (its weights never change)."""
 
 
@@ -110,112 +126,33 @@ def prepare_models(config: RunConfig, run_dir: Path) -> dict[str, str]:
             paths[policy] = settings.model
             continue
         path = run_dir / "models" / policy
-        if not (path / "config.json").is_file():
-            build_tiny_checkpoint(path, seed=config.problems.seed)
-            roles = [r for r, p in config.roles.items() if p == policy]
-            examples = format_examples(
-                roles,
-                problems_of(config, "train"),
-                4096,
-                correct=settings.warm_start_correct,
-                seed=config.problems.seed,
-            )
-            print(f"warm start: teaching {policy} the output formats of {roles} ...", flush=True)
-            loss = teach_formats(path, examples, steps=settings.warm_start_steps)
-            print(f"warm start: done (loss {loss:.3f})", flush=True)
+        if not path.is_dir():
+            # Built aside and renamed into place whole: a resumed run, or a worker host
+            # waiting on a shared run directory, never sees a half-built model.
+            building = path.with_name(f".{policy}.building")
+            shutil.rmtree(building, ignore_errors=True)
+            _build_embedded(config, policy, building)
+            building.rename(path)
         paths[policy] = str(path)
     if config.judge.kind == "llm":
         paths[JUDGE_POLICY] = config.judge.model
     return paths
 
 
-async def _start(
-    command: list[str], log: IO[bytes], tasks: anyio.abc.TaskGroup
-) -> anyio.abc.Process:
-    process = await anyio.open_process(command, stderr=log)
-    assert process.stdout is not None
-    buffered = b""
-    with anyio.fail_after(600):
-        while b'{"ready"' not in buffered:
-            chunk = await process.stdout.receive()
-            buffered += chunk
-    tasks.start_soon(_drain, process.stdout)
-    return process
-
-
-async def _drain(stream: anyio.abc.ByteReceiveStream) -> None:
-    async for _ in stream:
-        pass
-
-
-@asynccontextmanager
-async def open_processes(
-    config: RunConfig, run_dir: Path, head: Node, models: dict[str, str], *, learners: bool
-) -> AsyncIterator[None]:
-    """Engine node processes and (``learners``) learner node processes, stopped (stdin
-    closed, then killed after 30 s) when the block ends."""
-    python = sys.executable
-    logs = run_dir / "logs"
-    processes: list[anyio.abc.Process] = []
-    with ExitStack() as files:
-        async with anyio.create_task_group() as tasks:
-            for policy, settings in config.policies.items():
-                for index in range(settings.engines):
-                    name = f"engine/{policy}/{index}"
-                    command = [python, "-m", "actors.engines.serve", "--head", head.address]
-                    command += ["--policy", policy, "--model", models[policy]]
-                    command += ["--index", str(index), "--engine", settings.engine]
-                    command += ["--threads", str(settings.threads)]
-                    command += ["--max-batch", str(settings.max_batch)]
-                    log = _open_append(files, logs / f"{_file_name(name)}.jsonl")
-                    processes.append(await _start(command, log, tasks))
-            if config.judge.kind == "llm":
-                command = [python, "-m", "actors.engines.serve", "--head", head.address]
-                command += ["--policy", JUDGE_POLICY, "--model", models[JUDGE_POLICY]]
-                command += ["--engine", config.judge.engine]
-                log = _open_append(files, logs / "engine-judge-0.jsonl")
-                processes.append(await _start(command, log, tasks))
-            for policy, settings in config.policies.items() if learners else ():
-                engines = [f"engine/{policy}/{i}" for i in range(settings.engines)]
-                learner = config.learner_config(
-                    policy,
-                    engines=engines,
-                    notify=["conductor"],
-                    checkpoint_dir=str(run_dir / "checkpoints" / policy),
-                    checkpoint_every=config.train.checkpoint_every,
-                )
-                command = [python, "-m", "learner.serve", "--head", head.address]
-                command += ["--model", models[policy], "--threads", str(settings.threads)]
-                command += ["--config", msgspec.json.encode(learner).decode()]
-                log = _open_append(files, logs / f"{_file_name(f'learner/{policy}')}.jsonl")
-                processes.append(await _start(command, log, tasks))
-            try:
-                yield
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await _stop(processes)
-                tasks.cancel_scope.cancel()
-
-
-async def _stop(processes: list[anyio.abc.Process]) -> None:
-    for process in processes:
-        if process.stdin is not None:
-            await process.stdin.aclose()
-    with anyio.move_on_after(30):
-        for process in processes:
-            await process.wait()
-    for process in processes:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-
-
-def _file_name(actor: str) -> str:
-    return actor.replace("/", "-")
-
-
-def _open_append(files: ExitStack, path: Path) -> IO[bytes]:
-    return files.enter_context(open(path, "ab"))
+def _build_embedded(config: RunConfig, policy: str, path: Path) -> None:
+    settings = config.policies[policy]
+    build_tiny_checkpoint(path, seed=config.problems.seed)
+    roles = [r for r, p in config.roles.items() if p == policy]
+    examples = format_examples(
+        roles,
+        problems_of(config, "train"),
+        4096,
+        correct=settings.warm_start_correct,
+        seed=config.problems.seed,
+    )
+    print(f"warm start: teaching {policy} the output formats of {roles} ...", flush=True)
+    loss = teach_formats(path, examples, steps=settings.warm_start_steps)
+    print(f"warm start: done (loss {loss:.3f})", flush=True)
 
 
 async def launch(config: RunConfig, run_dir: Path, *, train: bool = True) -> dict[str, EvalReport]:
@@ -224,7 +161,7 @@ async def launch(config: RunConfig, run_dir: Path, *, train: bool = True) -> dic
     models = await anyio.to_thread.run_sync(prepare_models, config, run_dir)
     problems = endless(problems_of(config, "train"), config.problems.seed)
     with ExitStack() as files:
-        samples = _open_append(files, run_dir / "samples.jsonl")
+        samples = open_append(files, run_dir / "samples.jsonl")
         return await _run(config, run_dir, models, problems, train, _sampler(samples))
 
 
@@ -258,8 +195,10 @@ async def _run(
     sampler: Callable[[ScoredSegment], None],
 ) -> dict[str, EvalReport]:
     async with (
-        open_node("head", listen="tcp://127.0.0.1:*") as head,
-        open_processes(config, run_dir, head, models, learners=train),
+        open_node("head", listen=head_listen(config)) as head,
+        open_processes(
+            config, run_dir, head.address, models, learners=train, listen=node_listen(config)
+        ),
     ):
         for role, policy in config.roles.items():
             engines = [f"engine/{policy}/{i}" for i in range(config.policies[policy].engines)]
@@ -277,11 +216,19 @@ async def _run(
         )
         await head.spawn("conductor", lambda: conductor)
         held_out = problems_of(config, "test")[: config.eval.problems]
+        assess = functools.partial(
+            evaluate,
+            conductor,
+            held_out,
+            config.eval,
+            workflow=config.conductor.workflow,
+            executor_turns=config.conductor.executor_turns,
+        )
         reports: dict[str, EvalReport] = {}
         if train and config.eval.before:
             await conductor.connect()
             print(f"evaluating on {len(held_out)} held-out problems before RL ...", flush=True)
-            reports["start"] = await evaluate(conductor, held_out, config.eval)
+            reports["start"] = await assess()
         if train:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(_report, conductor, config, run_dir)
@@ -291,7 +238,7 @@ async def _run(
             await conductor.connect()
             await _load_newest_checkpoints(head, config, run_dir)
         print(f"evaluating on {len(held_out)} held-out problems ...", flush=True)
-        reports["end" if train else "checkpoint"] = await evaluate(conductor, held_out, config.eval)
+        reports["end" if train else "checkpoint"] = await assess()
     record = {when: dataclasses.asdict(report) for when, report in reports.items()}
     (run_dir / "eval.json").write_text(json.dumps(record, indent=1))
     return reports
@@ -318,7 +265,7 @@ async def _report(conductor: Conductor, config: RunConfig, run_dir: Path) -> Non
     seconds, and a last one when cancelled at the end of the run."""
     began = time.monotonic()
     with ExitStack() as files:
-        metrics = _open_append(files, run_dir / "metrics.jsonl")
+        metrics = open_append(files, run_dir / "metrics.jsonl")
 
         def record() -> None:
             stats, elapsed = conductor.statistics(), time.monotonic() - began
@@ -342,7 +289,9 @@ def console_line(stats: ConductorStats, steps: int, elapsed: float) -> str:
     eta = elapsed * (1 - done) / done if done > 0 else float("nan")
     bar = "#" * int(done * 20)
     roles = "  ".join(
-        f"{role} r={r.reward_mean:.2f} {r.actions_per_s:.1f}/s" for role, r in stats.roles.items()
+        f"{role} r={r.reward_mean:.2f} {r.actions_per_s:.1f}/s q{r.queued} "
+        f"stale {r.staleness_mean:.1f}"
+        for role, r in stats.roles.items()
     )
     return (
         f"[{bar:<20}] batch {batches}/{steps} v{version} eta {eta:4.0f}s"
@@ -365,23 +314,72 @@ def main() -> None:
     parser.add_argument(
         "--eval", action="store_true", help="only evaluate (the newest checkpoints of --resume)"
     )
+    parser.add_argument(
+        "--join", metavar="tcp://HEAD:PORT", help="serve this host's rank of a multi-host run"
+    )
+    parser.add_argument("--rank", type=int, help="with --join: this host's rank (1, 2, ...)")
+    parser.add_argument(
+        "--run-dir", type=Path, help="with --join: the run directory (shared with the head)"
+    )
     args = parser.parse_args()
     if args.resume and args.config:
         parser.error("--resume takes the run's own config.toml; give no CONFIG")
+    if args.join and args.rank is None:
+        parser.error("--join needs --rank")
     try:
         source = args.resume / "config.toml" if args.resume else args.config or DEFAULT_CONFIG
         config = load_config(source, args.set)
     except ConfigError as error:
         parser.exit(2, f"bin/launch: {error}\n")
-    run_dir = args.resume or new_run_dir(config)
-    print(f"run directory: {run_dir}", flush=True)
-    with open(run_dir / "logs" / "head.jsonl", "a") as head_log:
-        configure_logging("info", stream=head_log)
-        reports = anyio.run(
-            functools.partial(launch, config, run_dir, train=not args.eval), backend="trio"
-        )
+    slurm = slurm_task() if config.cluster.hosts > 1 and not args.join else None
+    try:
+        if args.join or (slurm is not None and slurm.rank > 0):
+            _work(config, args.join, args.rank, args.run_dir, slurm)
+            return
+        run_dir = args.resume or _slurm_run_dir(config, slurm) or new_run_dir(config)
+        print(f"run directory: {run_dir}", flush=True)
+        with open(run_dir / "logs" / "head.jsonl", "a") as head_log:
+            configure_logging("info", stream=head_log)
+            reports = anyio.run(
+                functools.partial(launch, config, run_dir, train=not args.eval), backend="trio"
+            )
+    except ClusterError as error:
+        parser.exit(1, f"bin/launch: {error}\n")
     print(accuracy_table(reports, config.train.steps), flush=True)
     print(f"run directory: {run_dir}", flush=True)
+
+
+def _slurm_run_dir(config: RunConfig, slurm: SlurmTask | None) -> Path | None:
+    """Under Slurm every rank derives the same run directory from the job id."""
+    if slurm is None:
+        return None
+    run_dir = Path(config.runs_dir) / f"{config.name}-slurm{slurm.job_id}"
+    if not (run_dir / "config.toml").exists():
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(dump_config(config))
+    return run_dir
+
+
+def _work(
+    config: RunConfig,
+    join: str | None,
+    rank: int | None,
+    run_dir: Path | None,
+    slurm: SlurmTask | None,
+) -> None:
+    """A worker host: ``--join`` names the head, or Slurm's environment does."""
+    if slurm is not None:
+        head = f"tcp://{socket.gethostbyname(slurm.head_host)}:{config.cluster.port}"
+        rank, run_dir = slurm.rank, _slurm_run_dir(config, slurm)
+    else:
+        head = str(join)
+        run_dir = run_dir or Path(config.runs_dir) / f"{config.name}-rank{rank}"
+    assert rank is not None and run_dir is not None
+    print(f"rank {rank}: joining {head}; run directory {run_dir}", flush=True)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "logs" / f"rank-{rank}.jsonl", "a") as log:
+        configure_logging("info", stream=log)
+        anyio.run(serve_worker, config, run_dir, head, rank, backend="trio")
 
 
 def accuracy_table(reports: dict[str, EvalReport], steps: int) -> str:
@@ -392,12 +390,18 @@ def accuracy_table(reports: dict[str, EvalReport], steps: int) -> str:
         "checkpoint": "the newest checkpoints",
     }
     problems = next(iter(reports.values())).problems
-    lines = [f"held-out accuracy, {problems} problems      Solver   system   accepted"]
+    lines = [f"held-out accuracy, {problems} problems      Solver   system   accepted   verdicts"]
     for when, report in reports.items():
         lines.append(
             f"  {labels[when]:<34} {report.solver_accuracy:>6.3f}   "
-            f"{report.system_accuracy:>6.3f}   {report.accepted:>8.2f}"
+            f"{report.system_accuracy:>6.3f}   {report.accepted:>8.2f}   "
+            + (
+                f"{report.verdict_accuracy:>8.3f}"
+                if report.verdict_accuracy is not None
+                else "       -"
+            )
         )
+    lines.append("  (verdicts: the Verifier's balanced accuracy, chance 0.5)")
     return "\n".join(lines)
 
 

@@ -23,6 +23,9 @@ from actors.roles import ROLES
 from actors.workflows import WORKFLOWS
 from learner.trainer import LearnerConfig
 
+JUDGE_POLICY = "judge"
+"""The policy name of the judge's engine (a frozen model, never trained)."""
+
 EMBEDDED = "tiny"
 """A policy ``model`` of this name is the embedded tiny model, built at launch."""
 
@@ -82,6 +85,26 @@ class EvalConfig(EvalSettings, frozen=True, forbid_unknown_fields=True):
     """Also evaluate before the first step, so the run reports its own rise."""
 
 
+class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where the run's node processes go. One host by default. With ``hosts`` > 1,
+    rank 0 is the head (the conductor, the agents, the judge, and every process that
+    ``placement`` puts nowhere else) and every other rank runs ``bin/launch CONFIG
+    --join tcp://HEAD:PORT --rank R``, or all ranks run under ``srun bin/launch CONFIG``.
+    """
+
+    hosts: int = 1
+    port: int = 29517
+    """The head's port when ``hosts`` > 1 (on one host it takes any free port)."""
+    interface: str = ""
+    """The address this host's nodes listen on for the other hosts; empty: the first
+    non-loopback address of this host's name. One host always uses loopback."""
+    placement: dict[str, int] = {}
+    """Node process name (``engine/POLICY/I``, ``learner/POLICY``, ``engine/judge/0``)
+    to the rank that runs it; a process not named runs on rank 0."""
+    join_timeout: float = 600.0
+    """How long a worker waits for the head and for a shared run directory's models."""
+
+
 class RunConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str = "marsrl-tiny"
     runs_dir: str = "runs"
@@ -107,6 +130,23 @@ class RunConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     ``notify`` and ``checkpoint_dir`` are set by the launcher)."""
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+    def node_processes(self, *, learners: bool = True) -> list[str]:
+        """The name of every node process the run starts, engines first."""
+        names = [
+            f"engine/{policy}/{index}"
+            for policy, settings in self.policies.items()
+            for index in range(settings.engines)
+        ]
+        if self.judge.kind == "llm":
+            names.append(f"engine/{JUDGE_POLICY}/0")
+        if learners:
+            names += [f"learner/{policy}" for policy in self.policies]
+        return names
+
+    def rank_of(self, process: str) -> int:
+        return self.cluster.placement.get(process, 0)
 
     def learner_config(self, policy: str, **wiring: Any) -> LearnerConfig:
         return msgspec.convert({**self.learner, "policy": policy, **wiring}, LearnerConfig)
@@ -180,6 +220,19 @@ def _check(config: RunConfig) -> None:
         if role not in config.roles:
             raise ConfigError(
                 f"$.sampling.{role}: no such role in $.roles ({sorted(config.roles)})"
+            )
+    cluster = config.cluster
+    if cluster.hosts < 1:
+        raise ConfigError(f"$.cluster.hosts: at least 1, got {cluster.hosts}")
+    known = config.node_processes()
+    for process, rank in cluster.placement.items():
+        if process not in known:
+            raise ConfigError(
+                f"$.cluster.placement.{process}: no such node process; the run has {known}"
+            )
+        if not 0 <= rank < cluster.hosts:
+            raise ConfigError(
+                f"$.cluster.placement.{process}: rank {rank} is not in 0..{cluster.hosts - 1}"
             )
     for policy in config.policies:
         try:

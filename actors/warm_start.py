@@ -40,8 +40,11 @@ def format_examples(
 ) -> list[tuple[list[ChatTurn], str]]:
     """``count`` (chat, target) pairs spread over ``roles``, built with each role's own
     prompt template on ``problems``. A fraction ``correct`` of the answer targets is
-    the problem's answer and the rest a wrong number near it; a verdict target judges
-    a shown answer (right half of the time) truly with the same probability."""
+    the problem's answer and the rest a wrong number near it. A verdict target first
+    states the Verifier's own result (right with the same probability), then judges
+    the shown answer (right half of the time) against that result: findings before
+    the verdict, as MarsRL's Verifier writes them. A one-token verdict left the
+    comparison to a single step, and RL barely moved it."""
     rng = random.Random(seed)
     examples = []
     for i in range(count):
@@ -52,13 +55,14 @@ def format_examples(
         inputs = {
             "problem": problem.text,
             "solution": f"\\boxed{{{shown}}}",
-            "report": "Wrong",
+            "report": f"\\boxed{{{_answer(problem, rng.random() < correct, rng)}}}\nWrong",
             "observation": shown,
         }
         kind = _KIND.get(role.name, "answer")
         honest = rng.random() < correct
         if kind == "verdict":
-            target = "Correct" if shown_right == honest else "Wrong"
+            own = _answer(problem, honest, rng)
+            target = f"\\boxed{{{own}}}\n{'Correct' if own == shown else 'Wrong'}"
         elif kind == "code":
             target = f"```python\nprint({_answer(problem, honest, rng)})\n```"
         else:
@@ -82,8 +86,8 @@ def teach_formats(
     examples: list[tuple[list[ChatTurn], str]],
     *,
     steps: int,
-    batch: int = 16,
-    lr: float = 3e-3,
+    batch: int = 32,
+    lr: float = 1e-3,
     seed: int = 0,
 ) -> float:
     """Train the checkpoint at ``path`` on ``examples`` (loss on the targets only) and

@@ -1,16 +1,21 @@
 """bin/launch: recipes fail early with the field's path; a short embedded run trains,
-checkpoints and evaluates in real node processes, and ``--resume --eval`` evaluates
-its newest checkpoint."""
+checkpoints and evaluates in real node processes, ``bin/report`` plots it, ``--resume
+--eval`` evaluates its newest checkpoint, and a run killed outright continues from its
+checkpoint with ``--resume``."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from actors.report import write_report
 from actors.run_config import ConfigError, dump_config, load_config
 
 DEFAULT = Path(__file__).resolve().parent.parent / "configs"
@@ -51,7 +56,10 @@ def test_overrides_are_read_as_toml_values() -> None:
     assert config.learner_config("team").lr == 3e-4
 
 
-def launch(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def launch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "actors.launch", *args],
         cwd=cwd,
@@ -70,7 +78,7 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
         "train.steps=2",
         "train.checkpoint_every=1",
         "train.console_every=0.5",
-        "policies.team.warm_start_steps=20",
+        "policies.team.warm_start_steps=100",
         "conductor.group_size=2",
         "eval.problems=4",
     ]
@@ -83,10 +91,71 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
     assert (run_dir / "config.toml").is_file() and (run_dir / "samples.jsonl").stat().st_size
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics and set(metrics[-1]["roles"]) <= {"solver", "verifier", "corrector"}
-    assert (run_dir / "checkpoints" / "team" / "step-000000002").is_dir()
+    # A batch whose every group scored alike is consumed without a step.
+    version = metrics[-1]["versions"]["team"]
+    assert version >= 1
+    assert (run_dir / "checkpoints" / "team" / f"step-{version:09d}").is_dir()
     report = json.loads((run_dir / "eval.json").read_text())
     assert report["start"]["problems"] == report["end"]["problems"] == 4
+    plots = write_report(run_dir)
+    assert {p.name for p in plots} == {
+        "reward_time.png",
+        "reward_samples.png",
+        "throughput.png",
+        "staleness.png",
+    }
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in plots)
     again = launch("--resume", str(run_dir), "--eval", cwd=root)
     assert again.returncode == 0, again.stderr[-4000:]
-    assert "evaluating version 2" in again.stdout
+    assert f"evaluating version {version}" in again.stdout
     assert "the newest checkpoints" in again.stdout
+
+
+def short_run(tmp_path: Path, steps: int) -> list[str]:
+    return [
+        f"--set=runs_dir='{tmp_path / 'runs'}'",
+        f"--set=train.steps={steps}",
+        "--set=train.checkpoint_every=2",
+        "--set=policies.team.warm_start_steps=100",
+        "--set=conductor.group_size=2",
+        "--set=eval.problems=2",
+        "--set=eval.before=false",
+    ]
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """SIGKILL the launcher and every node process it started once the learner has
+    written a checkpoint; ``--resume`` restores the learner from it and the run ends at
+    its target."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "actors.launch", *short_run(tmp_path, 10)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    checkpoints = tmp_path / "runs"
+    deadline = time.monotonic() + 300
+    try:
+        while not list(checkpoints.glob("*/checkpoints/team/step-*")):
+            assert process.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.2)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    (run_dir,) = checkpoints.iterdir()
+    assert not (run_dir / "eval.json").exists()
+    written = run_dir.glob("checkpoints/team/step-*")
+    killed_at = max(int(p.name.removeprefix("step-")) for p in written)
+    done = launch("--resume", str(run_dir))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "after 10 RL batches" in done.stdout
+    resumed = [
+        json.loads(line)
+        for line in (run_dir / "logs" / "learner-team.jsonl").read_text().splitlines()
+        if '"learner_resumed"' in line
+    ]
+    assert resumed and resumed[-1]["version"] >= killed_at
+    assert json.loads((run_dir / "eval.json").read_text())["end"]["problems"] == 2

@@ -1,0 +1,113 @@
+"""Multi-host runs: Slurm's node lists, placement errors that name the field, and a
+run whose engine lives on a second "host" (a worker process on this machine, joined
+to the head over TCP as another host's would be)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from actors.cluster import first_host, slurm_task
+from actors.run_config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT = ROOT / "configs" / "marsrl-tiny.toml"
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "first"),
+    [
+        ("node7", "node7"),
+        ("node7,node9", "node7"),
+        ("gpu[03-05,9],cpu1", "gpu03"),
+        ("gpu[12,3]", "gpu12"),
+        ("a-b[1-2]", "a-b1"),
+    ],
+)
+def test_the_head_is_the_first_host_of_the_slurm_node_list(nodelist: str, first: str) -> None:
+    assert first_host(nodelist) == first
+
+
+def test_slurm_environment_gives_rank_and_head() -> None:
+    environ = {
+        "SLURM_PROCID": "2",
+        "SLURM_NTASKS": "4",
+        "SLURM_JOB_NODELIST": "n[10-13]",
+        "SLURM_JOB_ID": "881",
+    }
+    task = slurm_task(environ)
+    assert task is not None
+    assert (task.rank, task.tasks, task.head_host, task.job_id) == (2, 4, "n10", "881")
+    assert slurm_task({}) is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["cluster.placement={'engine/critic/0' = 1}"], r"\$\.cluster\.placement\.engine/critic/0"),
+        (["cluster.placement={'engine/team/0' = 1}"], r"rank 1 is not in 0\.\.0"),
+        (["cluster.hosts=0"], r"\$\.cluster\.hosts"),
+    ],
+)
+def test_bad_placement_names_the_field(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(DEFAULT, overrides)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_an_engine_on_a_worker_host_serves_the_head_run(tmp_path: Path) -> None:
+    """The head starts under Slurm's environment (rank 0), the worker with ``--join``;
+    the worker serves the engine until the head's run ends, then stops by itself."""
+    port = free_port()
+    settings = [
+        f"--set=runs_dir='{tmp_path}'",
+        "--set=cluster.hosts=2",
+        f"--set=cluster.port={port}",
+        "--set=cluster.interface='127.0.0.1'",
+        "--set=cluster.placement={'engine/team/0' = 1}",
+        "--set=train.steps=2",
+        "--set=policies.team.warm_start_steps=10",
+        "--set=conductor.group_size=2",
+        "--set=eval.problems=2",
+        "--set=eval.before=false",
+    ]
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost"}
+    head = subprocess.Popen(
+        [sys.executable, "-m", "actors.launch", *settings],
+        cwd=ROOT,
+        env={**os.environ, **slurm, "SLURM_JOB_ID": "41"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run_dir = tmp_path / "marsrl-tiny-slurm41"
+    worker = subprocess.run(
+        [
+            *(sys.executable, "-m", "actors.launch", *settings),
+            *("--join", f"tcp://127.0.0.1:{port}", "--rank", "1", "--run-dir", str(run_dir)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    out, err = head.communicate(timeout=120)
+    assert head.returncode == 0, out[-2000:] + err[-4000:]
+    assert worker.returncode == 0, worker.stdout[-2000:] + worker.stderr[-4000:]
+    assert "after 2 RL batches" in out
+    assert "rank 1: serving ['engine/team/0']" in worker.stdout
+    assert "the head is gone" in worker.stdout
+    assert (run_dir / "logs" / "engine-team-0.jsonl").stat().st_size > 0
+    assert (run_dir / "logs" / "learner-team.jsonl").stat().st_size > 0
