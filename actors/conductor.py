@@ -122,6 +122,7 @@ class Conductor(Actor):
         self.versions = dict.fromkeys(learners, 0)
         self.batches = dict.fromkeys(learners, 0)
         self._flushed: dict[str, int] = {}
+        self._flush_pending: set[str] = set()
         self.started = self.finished = 0
         self._agents: dict[str, ActorRef] = {}
         self._learners: dict[str, ActorRef] = {}
@@ -156,8 +157,13 @@ class Conductor(Actor):
         if isinstance(message, GetConductorStats):
             return self.statistics()
         policy = message.policy
-        if message.version > self.versions.get(policy, 0) or message.batches > self.batches.get(
-            policy, 0
+        answered = message.flushed and policy in self._flush_pending
+        if answered:
+            self._flush_pending.discard(policy)
+        if (
+            answered
+            or message.version > self.versions.get(policy, 0)
+            or message.batches > self.batches.get(policy, 0)
         ):
             self.versions[policy] = max(message.version, self.versions.get(policy, 0))
             self.batches[policy] = max(message.batches, self.batches.get(policy, 0))
@@ -201,6 +207,11 @@ class Conductor(Actor):
                 self._waiting = True
                 if self.started == self.finished:
                     await self._flush_learners()
+                    if not self._flush_pending:
+                        # Every learner has trained on all it holds and still waits for
+                        # a batch: only a new episode can fill it. With nothing in
+                        # flight, starting one adds no staleness.
+                        break
                 await self._wait_for_change()
             self._waiting = False
             self.started += 1
@@ -208,12 +219,13 @@ class Conductor(Actor):
 
     async def _flush_learners(self) -> None:
         """Nothing runs and admission waits for a batch: the data already sent cannot
-        fill one. Ask each learner that has not moved since the last such request to
-        train on the complete groups it holds."""
+        fill one. Ask each learner that has moved since its last such request to train
+        on the complete groups it holds; each answer clears it from the pending set."""
         for policy, ref in self._learners.items():
             if self._flushed.get(policy) == self.batches[policy]:
                 continue
             self._flushed[policy] = self.batches[policy]
+            self._flush_pending.add(policy)
             self.node.log.info("learners_flushed", policy=policy, started=self.started)
             await self.send(ref, FlushBatch(policy))
 

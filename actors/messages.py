@@ -248,7 +248,8 @@ class Task(Request[TaskResult], frozen=True):
 class FlushBatch(Message, frozen=True):
     """Train now on the complete groups (or counted actions) held, even if fewer than a
     batch. The conductor sends it when nothing is running and admission waits for a
-    batch that the data already sent cannot fill."""
+    batch that the data already sent cannot fill. The learner answers with a
+    ``LearnerProgress`` whose ``flushed`` is set, whether it trained or not."""
 
     policy: str
 
@@ -263,6 +264,9 @@ class LearnerProgress(Message, frozen=True):
     batches: int = 0
     """Batches consumed: steps, and batches skipped because every group in them had
     equal rewards (they take data in without making a version)."""
+    flushed: bool = False
+    """This answers a ``FlushBatch``: sent also when the learner held nothing to train
+    on, so the conductor learns that only new episodes can fill its next batch."""
 
 
 class LearnerStats(Message, frozen=True):

@@ -118,9 +118,11 @@ class LearnerActor(Actor):
     ) -> LearnerStats | None:
         if isinstance(message, GetLearnerStats):
             return self.statistics()
+        flushed = isinstance(message, FlushBatch)
         if isinstance(message, FlushBatch):
             batch = self.trainer.flush()
             if batch is None:
+                await self._notify({}, flushed=True)
                 return None
         else:
             try:
@@ -143,14 +145,14 @@ class LearnerActor(Actor):
         metrics = await anyio.to_thread.run_sync(self.trainer.train, batch)
         if self.trainer.version == before:
             self.node.log.info("learner_batch_skipped", learner=self.name, **metrics)
-            await self._notify(metrics)
+            await self._notify(metrics, flushed=flushed)
             return None
         self.node.log.info(
             "learner_step", learner=self.name, version=self.trainer.version, **metrics
         )
         if self.config.engines and self.trainer.steps % self.config.sync_every == 0:
             await self.publish()
-        await self._notify(metrics)
+        await self._notify(metrics, flushed=flushed)
         every = self.config.checkpoint_every
         if self.config.checkpoint_dir and every and self.trainer.steps % every == 0:
             await anyio.to_thread.run_sync(self._checkpoint)
@@ -283,10 +285,12 @@ class LearnerActor(Actor):
             )
         return group
 
-    async def _notify(self, metrics: dict[str, float]) -> None:
+    async def _notify(self, metrics: dict[str, float], *, flushed: bool = False) -> None:
         trainer = self.trainer
         batches = trainer.steps + trainer.skipped_batches
-        progress = LearnerProgress(self.config.policy, trainer.version, metrics, batches)
+        progress = LearnerProgress(
+            self.config.policy, trainer.version, metrics, batches, flushed=flushed
+        )
         for name in self.config.notify:
             try:
                 target = await self.lookup(name, timeout=self.config.sync_timeout)

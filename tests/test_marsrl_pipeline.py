@@ -246,3 +246,24 @@ async def test_a_mappa_episode_scores_every_action_with_the_judge(autojump_clock
     assert [t.inputs.get("observation", "") for t in seen if t.role == "final_verifier"] == ["7\n"]
     assert [s.reward for s in first] == [1.0, 1.0, 1.0]
     assert all(s.parts["judge_score"] == 10.0 for s in first)
+
+
+async def test_when_flushed_learners_hold_nothing_a_new_problem_starts(
+    autojump_clock: object,
+) -> None:
+    """Nothing runs, admission waits for a batch, and the learner answers the flush
+    with nothing trained: only new data can fill its batch, so the conductor starts the
+    next problem instead of waiting for ever."""
+    async with scripted_team(CONFIG) as team:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(team.conductor.run, until_batches=1))
+                await trio.testing.wait_all_tasks_blocked()
+                assert (team.conductor.started, team.conductor.finished) == (1, 1)
+                assert team.learner.messages[-1] == FlushBatch("team")
+                await team.head.send(team.ref, LearnerProgress("team", 0, flushed=True))
+                await team.learner.wait_for(1 + 2 * 26)
+                assert team.conductor.started >= 2
+                await team.head.send(team.ref, LearnerProgress("team", 1, batches=1))
+    episodes = {s.segment.episode_id for s in scored_only(team.learner.messages)}
+    assert {"p0", "p1"} <= episodes
