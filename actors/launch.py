@@ -1,15 +1,19 @@
-"""bin/launch: run a recipe on one host.
+"""bin/launch: run a recipe on one host or several.
 
     bin/launch                                # the embedded default: MarsRL, tiny models, CPU
     bin/launch configs/mappa-tiny.toml        # another recipe
     bin/launch CONFIG --set train.steps=100 --set learner.lr=3e-4
+    bin/launch --resume RUN_DIR [--eval]      # continue a run, or evaluate its checkpoints
+    bin/launch CONFIG --join tcp://HEAD:PORT --rank 1 --run-dir DIR   # a worker host
+    srun bin/launch CONFIG                    # every rank, placed by Slurm's environment
 
-``launch`` builds (for ``model = "tiny"``) the embedded model, starts one engine node
-process per engine and one learner node process per policy (each logs JSON lines to
-``RUN_DIR/logs/``), runs the agents and the conductor on the head node in this
-process, and prints a console line every ``train.console_every`` seconds while it
-appends the same figures to ``RUN_DIR/metrics.jsonl``. It ends when every learner has
-taken ``train.steps`` steps, and stops the processes it started.
+``launch`` builds (for ``model = "tiny"``) the embedded model, starts the engine and
+learner node processes placed on the head (each logs JSON lines to ``RUN_DIR/logs/``),
+runs the agents and the conductor on the head node in this process, and prints a
+console line every ``train.console_every`` seconds while it appends the same figures
+to ``RUN_DIR/metrics.jsonl``. It evaluates on held-out problems before RL and once
+every learner has consumed ``train.steps`` batches, then stops the processes it
+started.
 """
 
 from __future__ import annotations
