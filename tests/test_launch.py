@@ -91,10 +91,13 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
     assert (run_dir / "config.toml").is_file() and (run_dir / "samples.jsonl").stat().st_size
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics and set(metrics[-1]["roles"]) <= {"solver", "verifier", "corrector"}
-    # A batch whose every group scored alike is consumed without a step.
-    version = metrics[-1]["versions"]["team"]
-    assert version >= 1
-    assert (run_dir / "checkpoints" / "team" / f"step-{version:09d}").is_dir()
+    # A batch whose every group scored alike is consumed without a step, and groups
+    # still on their way when the run ends may complete one more: read the version
+    # from the newest checkpoint.
+    written = sorted((run_dir / "checkpoints" / "team").glob("step-*"))
+    assert written, "the run took no step"
+    version = json.loads((written[-1] / "meta.json").read_text())["version"]
+    assert version >= metrics[-1]["versions"]["team"] >= 1
     report = json.loads((run_dir / "eval.json").read_text())
     assert report["start"]["problems"] == report["end"]["problems"] == 4
     plots = write_report(run_dir)
