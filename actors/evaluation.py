@@ -47,12 +47,12 @@ class ProblemOutcome:
     system_correct: bool
     reviews: int
     accepted: bool
-    right_passed: int
+    right_passed: int = 0
     """Reviews of a right candidate that said Correct."""
-    right_reviewed: int
-    wrong_failed: int
+    right_reviewed: int = 0
+    wrong_failed: int = 0
     """Reviews of a wrong candidate that said Wrong."""
-    wrong_reviewed: int
+    wrong_reviewed: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,13 +71,40 @@ def _right(output: AgentOutput, problem: Problem) -> bool:
     return bool(output.answer) and is_equivalent(output.answer, problem.answer)
 
 
+class _EvalTeam:
+    """A team as evaluation uses it: one sample per step at the evaluation's sampling,
+    nothing sent to a learner, each role's first output kept."""
+
+    def __init__(self, team: Team, sampling: SamplingParams) -> None:
+        self.team = team
+        self.sampling = sampling
+        self.first: dict[str, AgentOutput] = {}
+
+    async def act(
+        self,
+        episode: str,
+        role: str,
+        inputs: dict[str, str],
+        parent_id: str,
+        *,
+        group_size: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> list[AgentOutput]:
+        outputs = await self.team.act(
+            f"eval/{episode}", role, inputs, parent_id, group_size=1, sampling=self.sampling
+        )
+        self.first.setdefault(role, outputs[0])
+        return outputs
+
+    async def emit(self, scored: list[ScoredSegment]) -> None:
+        return None
+
+
 async def solve_with_review(team: Team, problem: Problem, settings: EvalSettings) -> ProblemOutcome:
-    episode = f"eval/{problem.problem_id}"
+    evaluating = _EvalTeam(team, settings.sampling)
 
     async def one(role: str, inputs: dict[str, str], parent: str) -> AgentOutput:
-        (output,) = await team.act(
-            episode, role, inputs, parent, group_size=1, sampling=settings.sampling
-        )
+        (output,) = await evaluating.act(problem.problem_id, role, inputs, parent)
         return output
 
     first = await one("solver", {"problem": problem.text}, "")
@@ -139,35 +166,6 @@ def balanced_verdict_accuracy(outcomes: Sequence[ProblemOutcome]) -> float | Non
     return sum(rates) / len(rates) if rates else None
 
 
-class _EvalTeam:
-    """A team as evaluation uses it: one sample per step at the evaluation's sampling,
-    nothing sent to a learner, each role's first output kept."""
-
-    def __init__(self, team: Team, sampling: SamplingParams) -> None:
-        self.team = team
-        self.sampling = sampling
-        self.first: dict[str, AgentOutput] = {}
-
-    async def act(
-        self,
-        episode: str,
-        role: str,
-        inputs: dict[str, str],
-        parent_id: str,
-        *,
-        group_size: int | None = None,
-        sampling: SamplingParams | None = None,
-    ) -> list[AgentOutput]:
-        outputs = await self.team.act(
-            f"eval/{episode}", role, inputs, parent_id, group_size=1, sampling=self.sampling
-        )
-        self.first.setdefault(role, outputs[0])
-        return outputs
-
-    async def emit(self, scored: list[ScoredSegment]) -> None:
-        return None
-
-
 async def solve_as_mappa(
     team: Team, problem: Problem, settings: EvalSettings, executor_turns: int = 2
 ) -> ProblemOutcome:
@@ -178,7 +176,7 @@ async def solve_as_mappa(
     system = await mappa_episode(recording, problem, context)
     proposal = recording.first["problem_solver"]
     return ProblemOutcome(
-        problem.problem_id, _right(proposal, problem), bool(system), 0, False, 0, 0, 0, 0
+        problem.problem_id, _right(proposal, problem), bool(system), reviews=0, accepted=False
     )
 
 
