@@ -3,7 +3,8 @@ rollouts: each later agent takes ``k`` outputs of the previous one and samples a
 for each).
 
 ``random`` draws ``k`` uniformly. ``balanced`` takes as many outputs that were right as
-ones that were wrong, as far as both exist, so the next agent sees both kinds.
+ones that were wrong, as far as both exist, so the next agent sees both kinds; which
+kind an odd ``k`` leans to is a coin toss, so ``k`` = 1 sees each kind half the time.
 ``adaptive`` (the paper's best) fills ``k`` with the outputs the next agent learns most
 from first, ``preferred``: for the Verifier, wrong solutions; for the Corrector, error
 reports that are right.
@@ -42,9 +43,11 @@ def select(
         return sorted(pool, key=lambda c: not preferred(c))[:k]
     right = [c for c in pool if correct(c)]
     wrong = [c for c in pool if not correct(c)]
+    sides = [wrong, right]
+    rng.shuffle(sides)
     chosen: list[T] = []
     while len(chosen) < k:
-        for side in (wrong, right):
+        for side in sides:
             if side and len(chosen) < k:
                 chosen.append(side.pop())
     return chosen
