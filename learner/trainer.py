@@ -27,6 +27,7 @@ from actors.sampling import processed_logprobs
 from learner.advantages import grpo_advantages, normalise_per_role, reinforce_pp_advantages
 from learner.batching import BufferFull, CountBuffer, GroupBuffer, micro_batches
 from learner.losses import LossConfig, LossInputs, loss_named
+from learner.packing import pack, shared_prompt_units, unit_size
 
 
 class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -230,9 +231,11 @@ class Trainer:
         tokens = sum(lengths[i] for i in rows)
         totals: dict[str, float] = {}
         if rows:
-            sizes = [len(segments[i].prompt_ids) + lengths[i] for i in rows]
+            kept = [segments[i] for i in rows]
+            units = shared_prompt_units(kept, self.config.token_budget)
+            sizes = [unit_size(kept, unit) for unit in units]
             for piece in micro_batches(sizes, self.config.token_budget):
-                chosen = [rows[j] for j in piece]
+                chosen = [rows[j] for u in piece for j in units[u]]
                 logprobs = self.token_logprobs([segments[i] for i in chosen], width, self.model)
                 inputs = LossInputs(
                     logprobs=logprobs,
@@ -274,26 +277,18 @@ class Trainer:
     def token_logprobs(self, segments: list[Segment], width: int, model: Any) -> torch.Tensor:
         """``[rows, width]`` logprobs of each completion token under ``model``, processed
         with the sampling parameters that produced it (see ``actors.sampling``); 0 past
-        a row's end.
-
-        Rows are right-padded and the model is causal, so no real token attends to
-        padding and no attention mask is needed."""
-        sequences = [np.concatenate([s.prompt_ids, s.completion_ids]) for s in segments]
-        longest = max(len(q) for q in sequences)
-        ids = torch.zeros(len(segments), longest, dtype=torch.long)
-        for i, sequence in enumerate(sequences):
-            ids[i, : len(sequence)] = torch.from_numpy(sequence.astype(np.int64))
-        logits = model(input_ids=ids).logits
-        starts = torch.tensor([len(s.prompt_ids) - 1 for s in segments])
-        lengths = torch.tensor([len(s.completion_ids) for s in segments])
-        offsets = torch.arange(width)
-        inside = offsets[None, :] < lengths[:, None]
-        positions = torch.where(inside, starts[:, None] + offsets[None, :], starts[:, None])
-        rows = torch.arange(len(segments))[:, None]
-        targets = torch.where(inside, ids[rows, positions + 1], 0)
+        a row's end. Segments that share a prompt are run as one packed row
+        (``learner.packing``)."""
+        packed = pack(segments, width, self.config.token_budget)
+        logits = model(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            attention_mask=packed.attention_mask,
+        ).logits
+        inside, targets = packed.inside, packed.targets
         params = [s.sampling for s in segments]
         logprobs = processed_logprobs(
-            logits[rows, positions],
+            logits[packed.rows, packed.sources],
             torch.tensor([p.temperature for p in params])[:, None].expand(-1, width),
             torch.tensor([p.top_k for p in params])[:, None].expand(-1, width),
             torch.tensor([p.top_p for p in params])[:, None].expand(-1, width),
