@@ -101,12 +101,12 @@ def new_run_dir(config: RunConfig) -> Path:
 
 
 def problems_of(config: RunConfig, split: str) -> list[Problem]:
+    """The run's problems of ``split``; the held-out ones are the same whatever the
+    run's seed, so runs that differ in seed are evaluated alike."""
     source = config.problems
     if source.source == "arithmetic":
-        count = source.train if split == "train" else source.test
-        return arithmetic_problems(
-            count, difficulty=source.difficulty, split=split, seed=source.seed
-        )
+        count, seed = (source.train, config.seed) if split == "train" else (source.test, 0)
+        return arithmetic_problems(count, difficulty=source.difficulty, split=split, seed=seed)
     return [p for p in load_problems(source.source) if p.split == split]
 
 
@@ -145,17 +145,17 @@ def prepare_models(config: RunConfig, run_dir: Path) -> dict[str, str]:
 
 def _build_embedded(config: RunConfig, policy: str, path: Path) -> None:
     settings = config.policies[policy]
-    build_tiny_checkpoint(path, seed=config.problems.seed)
+    build_tiny_checkpoint(path, seed=config.seed)
     roles = [r for r, p in config.roles.items() if p == policy]
     examples = format_examples(
         roles,
         problems_of(config, "train"),
         4096,
         correct=settings.warm_start_correct,
-        seed=config.problems.seed,
+        seed=config.seed,
     )
     print(f"warm start: teaching {policy} the output formats of {roles} ...", flush=True)
-    loss = teach_formats(path, examples, steps=settings.warm_start_steps)
+    loss = teach_formats(path, examples, steps=settings.warm_start_steps, seed=config.seed)
     print(f"warm start: done (loss {loss:.3f})", flush=True)
 
 
@@ -163,7 +163,7 @@ async def launch(config: RunConfig, run_dir: Path, *, train: bool = True) -> dic
     """Train until every learner has taken ``train.steps`` steps (``train`` False: only
     evaluate the newest checkpoints), then evaluate on the held-out split."""
     models = await anyio.to_thread.run_sync(prepare_models, config, run_dir)
-    problems = endless(problems_of(config, "train"), config.problems.seed)
+    problems = endless(problems_of(config, "train"), config.seed)
     with ExitStack() as files:
         samples = open_append(files, run_dir / "samples.jsonl")
         return await _run(config, run_dir, models, problems, train, _sampler(samples))
@@ -217,6 +217,7 @@ async def _run(
             learners={policy: f"learner/{policy}" for policy in config.policies} if train else {},
             judge=await open_judge(config, head),
             on_scored=sampler,
+            seed=config.seed,
         )
         await head.spawn("conductor", lambda: conductor)
         held_out = problems_of(config, "test")[: config.eval.problems]

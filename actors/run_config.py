@@ -66,7 +66,6 @@ class ProblemsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     difficulty: int = 1
     train: int = 4096
     test: int = 256
-    seed: int = 0
 
 
 class TrainConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -108,6 +107,10 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class RunConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str = "marsrl-tiny"
     runs_dir: str = "runs"
+    seed: int = 0
+    """Seeds the embedded models' initialisation and warm start, which problems are
+    drawn and in what order, and the conductor's selections: runs that differ only in
+    ``seed`` are the repetitions a reported figure is a spread over."""
     imports: list[str] = []
     """Python modules imported before the run starts: where roles and workflows of
     your own register themselves (``docs/adding-an-agent.md``)."""
