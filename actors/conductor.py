@@ -38,7 +38,7 @@ from actors.messages import (
     Task,
 )
 from actors.selection import Strategy
-from actors.workflows import WORKFLOWS, EpisodeContext
+from actors.workflows import WORKFLOWS, EpisodeContext, VerdictBalance
 from rewards.judge import Judge
 from rewards.marsrl import RewardMode
 from runtime import Actor, ActorRef, Message, Request
@@ -53,11 +53,16 @@ class ConductorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_agent_steps: int = 5
     reward: RewardMode = "agent"
     executor_turns: int = 2
+    balance_verdicts: bool = False
+    """Train the Verifier on as many groups about right solutions as about wrong ones
+    (``actors.workflows.VerdictBalance``)."""
     max_staleness: int = 2
     problems_per_step: int = 4
+    """About the problems one learner batch takes: ``groups_per_batch`` over the groups
+    a problem makes for that learner. Set too low, admission waits and the learners
+    are flushed into small batches."""
     max_in_flight: int = 8
     task_timeout: float = 600.0
-    seed: int = 0
 
 
 class RoleStats(Message, frozen=True):
@@ -85,6 +90,8 @@ class ConductorStats(Message, frozen=True):
     solver_accuracy: float
     """Solver outputs right, over the last 64 episodes."""
     waiting_for_learners: bool
+    verdicts_held_back: int = 0
+    """Verifier groups kept from the learner to balance its classes (``balance_verdicts``)."""
 
 
 class GetConductorStats(Request[ConductorStats], frozen=True):
@@ -107,11 +114,13 @@ class Conductor(Actor):
         judge: Judge | None = None,
         on_scored: Callable[[ScoredSegment], None] | None = None,
         sandbox: Callable[[str], Awaitable[str]] | None = None,
+        seed: int = 0,
     ) -> None:
         """``policies`` maps each role to its policy, ``agents`` each role to its agent
         actor, ``learners`` each policy to its learner actor; ``on_scored`` sees every
         scored action on its way to the learner (the launcher samples texts with it);
-        ``sandbox`` runs an executor's code (default: ``rewards.sandbox``)."""
+        ``sandbox`` runs an executor's code (default: ``rewards.sandbox``); ``seed``
+        seeds the selections."""
         self.on_scored = on_scored
         self.config = config
         self.problems = problems
@@ -148,9 +157,10 @@ class Conductor(Actor):
             max_agent_steps=config.max_agent_steps,
             reward=config.reward,
             executor_turns=config.executor_turns,
-            rng=random.Random(config.seed),
+            rng=random.Random(seed),
             judge=judge,
             sandbox=sandbox,
+            verdict_balance=VerdictBalance() if config.balance_verdicts else None,
         )
 
     async def handle(self, message: LearnerProgress | GetConductorStats) -> ConductorStats | None:
@@ -314,6 +324,9 @@ class Conductor(Actor):
             roles=roles,
             solver_accuracy=sum(self._accuracy) / max(len(self._accuracy), 1),
             waiting_for_learners=self._waiting,
+            verdicts_held_back=(
+                self._context.verdict_balance.held_back if self._context.verdict_balance else 0
+            ),
         )
 
     def __repr__(self) -> str:

@@ -49,6 +49,26 @@ class Team(Protocol):
     async def emit(self, scored: list[ScoredSegment]) -> None: ...
 
 
+@dataclass
+class VerdictBalance:
+    """Keeps the Verifier's training groups even between right and wrong solutions: a
+    group about the kind that is ahead is held back from the learner, and counted. A
+    weak Solver's solutions are mostly wrong, and a Verifier trained on them learns to
+    say "Wrong" to everything: its reward rises while its verdicts are worth nothing,
+    and once every sample says "Wrong" each group scores alike and GRPO has no signal
+    left to undo it."""
+
+    sent: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
+    held_back: int = 0
+
+    def admits(self, solution_correct: bool) -> bool:
+        if self.sent[solution_correct] > self.sent[not solution_correct]:
+            self.held_back += 1
+            return False
+        self.sent[solution_correct] += 1
+        return True
+
+
 @dataclass(frozen=True)
 class EpisodeContext:
     """What a workflow may read besides its team and problem: the conductor's settings
@@ -62,6 +82,7 @@ class EpisodeContext:
     rng: random.Random = field(default_factory=random.Random)
     judge: Judge | None = None
     sandbox: Callable[[str], Awaitable[str]] | None = None
+    verdict_balance: VerdictBalance | None = None
 
 
 Episode = Callable[[Team, Problem, EpisodeContext], Awaitable[float]]
@@ -134,7 +155,9 @@ async def marsrl_episode(team: Team, problem: Problem, settings: EpisodeContext)
             _Node(o, r > 0, solution.correct) for o, (r, _) in zip(outputs, rewards, strict=True)
         ]
         solution.children.extend(nodes)
-        await emit(nodes, rewards)
+        balance = settings.verdict_balance
+        if balance is None or balance.admits(solution.correct):
+            await emit(nodes, rewards)
         if depth + 1 >= settings.max_agent_steps:
             return
         reports = [n for n in nodes if n.output.verdict == "Wrong"]

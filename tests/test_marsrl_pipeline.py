@@ -267,3 +267,30 @@ async def test_when_flushed_learners_hold_nothing_a_new_problem_starts(
                 await team.head.send(team.ref, LearnerProgress("team", 1, batches=1))
     episodes = {s.segment.episode_id for s in scored_only(team.learner.messages)}
     assert {"p0", "p1"} <= episodes
+
+
+async def test_balanced_verdicts_train_the_verifier_on_right_and_wrong_solutions_alike(
+    autojump_clock: object,
+) -> None:
+    """The script's Corrector is always right, so most solutions the Verifier reviews
+    are right; with ``balance_verdicts`` the learner gets its groups about right and
+    wrong solutions in equal numbers (one more of a kind at most), and the groups held
+    back are counted."""
+    config = msgspec.structs.replace(CONFIG, balance_verdicts=True)
+    async with scripted_team(config) as team:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(team.conductor.run, until_batches=1))
+                await trio.testing.wait_all_tasks_blocked()
+                assert team.learner.messages[-1] == FlushBatch("team")
+                stats = await team.head.call(team.ref, GetConductorStats(), timeout=5)
+                await team.head.send(team.ref, LearnerProgress("team", 1, batches=1))
+    scored = scored_only(team.learner.messages)
+    by_id = {s.segment.segment_id: s for s in scored}
+    reviewed: Counter[bool] = Counter()
+    for group in {s.segment.group: s for s in scored if s.segment.role == "verifier"}.values():
+        reviewed[by_id[group.segment.parent_id].reward == 1.0] += 1
+    assert reviewed[True] >= 1 and abs(reviewed[True] - reviewed[False]) <= 1
+    verifier_tasks = sum(t.role == "verifier" for t in team.seen)
+    assert stats.verdicts_held_back == verifier_tasks - sum(reviewed.values()) > 0
+    assert Counter(s.segment.role for s in scored)["corrector"] == 12
