@@ -80,6 +80,8 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
         "train.console_every=0.5",
         "policies.team.warm_start_steps=100",
         "conductor.group_size=2",
+        "conductor.problems_per_step=2",
+        "learner.groups_per_batch=4",
         "eval.problems=4",
     ]
     root = Path(__file__).resolve().parent.parent
@@ -121,6 +123,8 @@ def short_run(tmp_path: Path, steps: int) -> list[str]:
         "--set=train.checkpoint_every=2",
         "--set=policies.team.warm_start_steps=100",
         "--set=conductor.group_size=2",
+        "--set=conductor.problems_per_step=2",
+        "--set=learner.groups_per_batch=4",
         "--set=eval.problems=2",
         "--set=eval.before=false",
     ]
