@@ -81,6 +81,7 @@ def test_an_engine_on_a_worker_host_serves_the_head_run(tmp_path: Path) -> None:
         "--set=conductor.group_size=2",
         "--set=conductor.problems_per_step=2",
         "--set=learner.groups_per_batch=4",
+        "--set=problems.difficulty=1",
         "--set=eval.problems=2",
         "--set=eval.before=false",
     ]

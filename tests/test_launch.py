@@ -82,6 +82,7 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
         "conductor.group_size=2",
         "conductor.problems_per_step=2",
         "learner.groups_per_batch=4",
+        "problems.difficulty=1",
         "eval.problems=4",
     ]
     root = Path(__file__).resolve().parent.parent
@@ -125,6 +126,7 @@ def short_run(tmp_path: Path, steps: int) -> list[str]:
         "--set=conductor.group_size=2",
         "--set=conductor.problems_per_step=2",
         "--set=learner.groups_per_batch=4",
+        "--set=problems.difficulty=1",
         "--set=eval.problems=2",
         "--set=eval.before=false",
     ]
