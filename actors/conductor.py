@@ -63,10 +63,15 @@ class ConductorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     are flushed into small batches."""
     max_in_flight: int = 8
     task_timeout: float = 600.0
+    max_failures_in_a_row: int = 64
+    """The run stops with an error after this many episodes failed one after another:
+    an engine refusing every request (a prompt too long for the model, a dead engine)
+    would otherwise have admission start and fail episodes for ever."""
 
 
 class RoleStats(Message, frozen=True):
     actions: int
+    """Actions sent to their learner."""
     reward_mean: float
     """Over the last 256 actions."""
     actions_per_s: float
@@ -75,6 +80,11 @@ class RoleStats(Message, frozen=True):
     staleness_mean: float
     """Over the last 256 actions: the policy's version when the action was sent to its
     learner, less the oldest version that generated it."""
+
+
+class RunFailed(RuntimeError):
+    """Episodes keep failing: the run cannot make progress. The message carries the
+    last episode's error."""
 
 
 class ConductorStats(Message, frozen=True):
@@ -145,6 +155,8 @@ class Conductor(Actor):
         self._waiting = False
         self._began = time.monotonic()
         self.failed = 0
+        self._failures_in_a_row = 0
+        self._last_failure = ""
         workflow = WORKFLOWS.get(config.workflow)
         if workflow is None:
             raise ValueError(
@@ -193,9 +205,23 @@ class Conductor(Actor):
         self._began = time.monotonic()
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._admit, tasks)
-            while min(self.batches.values(), default=0) < until_batches:
-                await self._wait_for_change()
+            await self.wait_for_batches(until_batches)
             tasks.cancel_scope.cancel()
+        if self._failing:
+            raise RunFailed(
+                f"{self._failures_in_a_row} episodes in a row failed (conductor."
+                f"max_failures_in_a_row is {self.config.max_failures_in_a_row}); the last: "
+                f"{self._last_failure}"
+            )
+
+    async def wait_for_batches(self, count: int) -> None:
+        """Return once every learner consumed ``count`` batches (or the run is failing)."""
+        while min(self.batches.values(), default=0) < count and not self._failing:
+            await self._wait_for_change()
+
+    @property
+    def _failing(self) -> bool:
+        return self._failures_in_a_row >= self.config.max_failures_in_a_row
 
     async def connect(self) -> None:
         """Look the agents and learners up (``run`` does this first)."""
@@ -252,8 +278,11 @@ class Conductor(Actor):
         try:
             accuracy = await self._workflow(self, problem, self._context)
             self._accuracy.append(accuracy)
+            self._failures_in_a_row = 0
         except Exception as error:
             self.failed += 1
+            self._failures_in_a_row += 1
+            self._last_failure = repr(error)
             self.node.log.error("episode_failed", problem=problem.problem_id, error=repr(error))
         finally:
             self.finished += 1
@@ -293,7 +322,6 @@ class Conductor(Actor):
         for item in scored:
             role = item.segment.role
             self._rewards[role].append(item.reward)
-            self._actions[role] += 1
             versions = item.segment.versions
             if len(versions):
                 behind = self.versions.get(item.segment.policy, 0) - int(versions.min())
@@ -301,6 +329,7 @@ class Conductor(Actor):
             if self.on_scored is not None:
                 self.on_scored(item)
             await self.send(self._learners[item.segment.policy], item)
+            self._actions[role] += 1  # counted once sent: a run's end may cancel the send
 
     def statistics(self) -> ConductorStats:
         elapsed = max(time.monotonic() - self._began, 1e-9)

@@ -150,6 +150,14 @@ async def solve_with_review(team: Team, problem: Problem, settings: EvalSettings
     )
 
 
+async def solve_alone(team: Team, problem: Problem, settings: EvalSettings) -> ProblemOutcome:
+    """A team without a Verifier: the system's answer is the Solver's."""
+    evaluating = _EvalTeam(team, settings.sampling)
+    (first,) = await evaluating.act(problem.problem_id, "solver", {"problem": problem.text}, "")
+    right = _right(first, problem)
+    return ProblemOutcome(problem.problem_id, right, right, reviews=0, accepted=False)
+
+
 _TALLY = ("right_passed", "right_reviewed", "wrong_failed", "wrong_reviewed")
 
 
@@ -187,9 +195,11 @@ async def evaluate(
     *,
     workflow: str = "marsrl",
     executor_turns: int = 2,
+    review: bool = True,
 ) -> EvalReport:
     """Every problem through the Solver and the system, ``settings.concurrency`` at once
-    (``workflow`` "mappa": through MAPPA's three agents)."""
+    (``workflow`` "mappa": through MAPPA's three agents; ``review`` False: a team with
+    no Verifier, whose system is its Solver)."""
     outcomes: list[ProblemOutcome] = []
     limiter = anyio.CapacityLimiter(settings.concurrency)
 
@@ -197,8 +207,10 @@ async def evaluate(
         async with limiter:
             if workflow == "mappa":
                 outcome = await solve_as_mappa(team, problem, settings, executor_turns)
-            else:
+            elif review:
                 outcome = await solve_with_review(team, problem, settings)
+            else:
+                outcome = await solve_alone(team, problem, settings)
             outcomes.append(outcome)
 
     async with anyio.create_task_group() as tasks:

@@ -47,7 +47,7 @@ from actors.cluster import (
     serve_worker,
     slurm_task,
 )
-from actors.conductor import Conductor, ConductorStats
+from actors.conductor import Conductor, ConductorStats, RunFailed
 from actors.engines.weights import to_buckets
 from actors.evaluation import EvalReport, evaluate
 from actors.messages import Problem, ScoredSegment
@@ -228,6 +228,7 @@ async def _run(
             config.eval,
             workflow=config.conductor.workflow,
             executor_turns=config.conductor.executor_turns,
+            review="verifier" in config.roles,
         )
         reports: dict[str, EvalReport] = {}
         if train and config.eval.before:
@@ -343,15 +344,29 @@ def main() -> None:
             return
         run_dir = args.resume or _slurm_run_dir(config, slurm) or new_run_dir(config)
         print(f"run directory: {run_dir}", flush=True)
+        failed: list[RunFailed] = []
         with open(run_dir / "logs" / "head.jsonl", "a") as head_log:
             configure_logging("info", stream=head_log)
-            reports = anyio.run(
-                functools.partial(launch, config, run_dir, train=not args.eval), backend="trio"
-            )
+            try:
+                reports = anyio.run(
+                    functools.partial(launch, config, run_dir, train=not args.eval), backend="trio"
+                )
+            except* RunFailed as group:
+                failed.extend(_leaves(group))
+        if failed:
+            parser.exit(1, f"bin/launch: {failed[0]}\n")
     except ClusterError as error:
         parser.exit(1, f"bin/launch: {error}\n")
     print(accuracy_table(reports, config.train.steps), flush=True)
     print(f"run directory: {run_dir}", flush=True)
+
+
+def _leaves(group: BaseExceptionGroup[RunFailed]) -> Iterator[RunFailed]:
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            yield from _leaves(error)
+        else:
+            yield error
 
 
 def _slurm_run_dir(config: RunConfig, slurm: SlurmTask | None) -> Path | None:

@@ -169,6 +169,11 @@ class EngineStats(Message, frozen=True):
     decode_steps: int
     updates: int
     last_pause_s: float
+    busy_s: float = 0.0
+    """Seconds the engine actor had at least one ``Generate`` running, since it started."""
+    sequence_s: float = 0.0
+    """Sequence-seconds: the samples it was asked for, integrated over the time they ran;
+    over ``max_batch`` times the elapsed time, how full the engine's batch was on average."""
 
 
 class GetEngineStats(Request[EngineStats], frozen=True):
@@ -288,6 +293,11 @@ class LearnerStats(Message, frozen=True):
     staleness: dict[int, int]
     rejected: dict[str, int]
     last_metrics: dict[str, float]
+    train_s: float = 0.0
+    """Seconds this learner spent in optimizer steps since it started; the rest of its
+    time it waited for data or published weights."""
+    publish_s: float = 0.0
+    """Seconds spent publishing weights to the engines."""
 
 
 class GetLearnerStats(Request[LearnerStats], frozen=True):

@@ -20,9 +20,12 @@ from actors.run_config import JUDGE_POLICY, RunConfig
 LOOPBACK = "tcp://127.0.0.1:*"
 
 
-async def _start(
+async def start_node_process(
     command: list[str], log: IO[bytes], tasks: anyio.abc.TaskGroup
 ) -> anyio.abc.Process:
+    """Start a node process that prints one ``{"ready": ...}`` JSON line once it serves;
+    returns when it did (at most 600 s). Its stderr goes to ``log``; the rest of its
+    stdout is drained by a task in ``tasks``."""
     process = await anyio.open_process(command, stderr=log)
     assert process.stdout is not None
     buffered = b""
@@ -63,12 +66,12 @@ async def open_processes(
                 command = [sys.executable, "-m", *_entry_point(config, run_dir, name, models)]
                 command += ["--head", head, "--listen", listen]
                 log = open_append(files, logs / f"{_file_name(name)}.jsonl")
-                processes.append(await _start(command, log, tasks))
+                processes.append(await start_node_process(command, log, tasks))
             try:
                 yield
             finally:
                 with anyio.CancelScope(shield=True):
-                    await _stop(processes)
+                    await stop_node_processes(processes)
                 tasks.cancel_scope.cancel()
 
 
@@ -100,7 +103,8 @@ def _entry_point(config: RunConfig, run_dir: Path, name: str, models: dict[str, 
     ]
 
 
-async def _stop(processes: list[anyio.abc.Process]) -> None:
+async def stop_node_processes(processes: list[anyio.abc.Process]) -> None:
+    """Close their stdin (a node process's signal to stop), wait up to 30 s, then kill."""
     for process in processes:
         if process.stdin is not None:
             await process.stdin.aclose()

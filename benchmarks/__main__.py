@@ -3,6 +3,8 @@
 bin/bench runtime            # actor messages against raw pyzmq (about 90 s)
 bin/bench engines            # engines against HF generate, weight updates (minutes)
 bin/bench learner            # learner step overhead, weight publication against raw zmq
+bin/bench pipeline           # schedules under a long-tailed load: synchronous vs streaming
+bin/bench e2e                # the default recipe's Solver: relaytrain against TRL's GRPOTrainer
 bin/bench --quick            # every suite, short (CI): checks they work, not speed
 """
 
@@ -11,9 +13,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks import engines, learner, runtime
+from benchmarks import e2e, engines, learner, pipeline, runtime
 
-SUITES = {"runtime": runtime.run, "engines": engines.run, "learner": learner.run}
+SUITES = {
+    "runtime": runtime.run,
+    "engines": engines.run,
+    "learner": learner.run,
+    "pipeline": pipeline.run,
+    "e2e": e2e.run,
+}
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,8 @@ class LearnerActor(Actor):
         self._group: WeightGroup | None = None
         self._groups_formed = 0
         self._log: SegmentLog | None = None
+        self.train_s = 0.0
+        self.publish_s = 0.0
 
     async def on_start(self) -> None:
         """Resume from ``checkpoint_dir``; engines that restarted with the run get the
@@ -142,7 +145,9 @@ class LearnerActor(Actor):
         if batch is None:
             return None
         before = self.trainer.version
+        started = time.monotonic()
         metrics = await anyio.to_thread.run_sync(self.trainer.train, batch)
+        self.train_s += time.monotonic() - started
         if self.trainer.version == before:
             self.node.log.info("learner_batch_skipped", learner=self.name, **metrics)
             await self._notify(metrics, flushed=flushed)
@@ -164,10 +169,12 @@ class LearnerActor(Actor):
         named in the error log and the learner goes on)."""
         version = self.trainer.version
         named = list(self.trainer.model.state_dict().items())
+        started = time.monotonic()
         if self.config.sync_backend == "messages":
             applied = await self._publish_messages(version, named)
         else:
             applied = await self._publish_broadcast(version, named)
+        self.publish_s += time.monotonic() - started
         for name in applied:
             self.applied[name] = version
         if len(applied) == len(self.config.engines):
@@ -330,4 +337,6 @@ class LearnerActor(Actor):
             staleness=dict(trainer.staleness),
             rejected=dict(trainer.rejected),
             last_metrics=trainer.last_metrics,
+            train_s=self.train_s,
+            publish_s=self.publish_s,
         )

@@ -260,6 +260,17 @@ class Trainer:
             )
             self.optimizer.step()
             metrics["grad_norm"] = float(norm)
+        self.consume(segments, stepped=bool(rows))
+        metrics.update(totals)
+        metrics["tokens_per_s"] = tokens / (time.perf_counter() - start)
+        _return_free_memory()
+        self.last_metrics = metrics
+        return metrics
+
+    def consume(self, segments: list[Segment], *, stepped: bool) -> None:
+        """Count a batch as trained on: a new version if it made a step, and its segments
+        consumed (a redelivery of any of them is a duplicate from now on)."""
+        if stepped:
             self.version += 1
             self.steps += 1
         else:
@@ -268,11 +279,6 @@ class Trainer:
             self.consumed.add(segment.segment_id)
             self._held.pop(segment.segment_id, None)
         self.trained_segments += len(segments)
-        metrics.update(totals)
-        metrics["tokens_per_s"] = tokens / (time.perf_counter() - start)
-        _return_free_memory()
-        self.last_metrics = metrics
-        return metrics
 
     def token_logprobs(self, segments: list[Segment], width: int, model: Any) -> torch.Tensor:
         """``[rows, width]`` logprobs of each completion token under ``model``, processed

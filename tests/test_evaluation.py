@@ -154,3 +154,12 @@ async def test_mappa_is_evaluated_through_its_own_three_agents() -> None:
     assert report.verdict_accuracy is None
     (final,) = [inputs for role, inputs, _, _ in team.calls if role == "final_verifier"]
     assert final["observation"].strip() == "7"
+
+
+async def test_a_team_without_a_verifier_is_evaluated_by_its_solver() -> None:
+    team = ScriptedTeam(solver=answers("7", "6"))
+    wrong = Problem("p2", "What is 3 + 4?", "7")
+    report = await evaluate(team, [PROBLEM, wrong], SETTINGS, review=False)
+    assert team.count("solver") == 2 and len(team.calls) == 2
+    assert report.solver_accuracy == report.system_accuracy == 0.5
+    assert report.verdict_accuracy is None

@@ -20,7 +20,13 @@ import pytest
 import trio
 import trio.testing
 
-from actors.conductor import Conductor, ConductorConfig, ConductorStats, GetConductorStats
+from actors.conductor import (
+    Conductor,
+    ConductorConfig,
+    ConductorStats,
+    GetConductorStats,
+    RunFailed,
+)
 from actors.messages import (
     AgentOutput,
     FlushBatch,
@@ -294,3 +300,34 @@ async def test_balanced_verdicts_train_the_verifier_on_right_and_wrong_solutions
     verifier_tasks = sum(t.role == "verifier" for t in team.seen)
     assert stats.verdicts_held_back == verifier_tasks - sum(reviewed.values()) > 0
     assert Counter(s.segment.role for s in scored)["corrector"] == 12
+
+
+class RefusingAgent(Actor):
+    inbox = Task
+
+    async def handle(self, task: Task) -> TaskResult:
+        raise ValueError(f"prompt of task {task.task_id} is too long for the model")
+
+
+async def test_a_run_whose_episodes_all_fail_stops_with_the_last_error(
+    autojump_clock: object,
+) -> None:
+    """Admission starts a new episode whenever nothing is in flight, so an agent that
+    refuses everything would have the run start and fail episodes for ever."""
+    config = ConductorConfig(max_failures_in_a_row=5, max_in_flight=2)
+    async with open_cluster("head", "agents") as (head, agents):
+        await head.spawn("learner/team", Capture(ScoredSegment | FlushBatch).factory)
+        await agents.spawn("agent/solver", RefusingAgent)
+        conductor = Conductor(
+            config,
+            problems(),
+            policies={"solver": "team"},
+            agents={"solver": "agent/solver"},
+            learners={"team": "learner/team"},
+        )
+        await head.spawn("conductor", lambda: conductor)
+        with pytest.raises(
+            RunFailed, match=r"[56] episodes in a row failed.*too long for the model"
+        ):
+            await conductor.run(until_batches=1)
+    assert 5 <= conductor.failed <= 6

@@ -11,10 +11,12 @@ forms a new one when a broadcast fails).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Protocol
 
 import anyio.to_thread
+import msgspec
 import numpy as np
 import torch
 
@@ -136,6 +138,41 @@ def prompt_array(prompt_ids: np.ndarray | None) -> list[int]:
     return [int(t) for t in prompt_ids]
 
 
+class Occupancy:
+    """How busy an engine is, whatever its core: the seconds during which at least one
+    request ran, and the samples requested integrated over the time their request ran
+    (a sample counts until its whole request returns). Benchmarks read generation idle
+    time and occupancy from these."""
+
+    def __init__(self) -> None:
+        self.busy_s = 0.0
+        self.sequence_s = 0.0
+        self._requests = 0
+        self._samples = 0
+        self._since = time.monotonic()
+
+    def begin(self, samples: int) -> None:
+        self._advance()
+        self._requests += 1
+        self._samples += samples
+
+    def end(self, samples: int) -> None:
+        self._advance()
+        self._requests -= 1
+        self._samples -= samples
+
+    def _advance(self) -> None:
+        now = time.monotonic()
+        elapsed, self._since = now - self._since, now
+        if self._requests:
+            self.busy_s += elapsed
+        self.sequence_s += self._samples * elapsed
+
+    def stamp(self, stats: EngineStats) -> EngineStats:
+        self._advance()
+        return msgspec.structs.replace(stats, busy_s=self.busy_s, sequence_s=self.sequence_s)
+
+
 class EngineActor(Actor):
     """Serves one engine core under a name such as ``engine/solver/0``."""
 
@@ -147,6 +184,7 @@ class EngineActor(Actor):
         self.core = core
         self._buckets: dict[int, dict[int, WeightBucket]] = {}
         self._group: WeightGroup | None = None
+        self.occupancy = Occupancy()
 
     async def on_stop(self) -> None:
         if self._group is not None:
@@ -156,7 +194,11 @@ class EngineActor(Actor):
         self, message: Generate | WeightBucket | JoinWeightGroup | BroadcastWeights | GetEngineStats
     ) -> Generation | WeightsApplied | WeightGroupJoined | EngineStats:
         if isinstance(message, Generate):
-            samples = await self.core.generate(message)
+            self.occupancy.begin(message.sampling.n)
+            try:
+                samples = await self.core.generate(message)
+            finally:
+                self.occupancy.end(message.sampling.n)
             return Generation(message.request_id, self.core.policy, samples)
         if isinstance(message, WeightBucket):
             return await self._on_bucket(message)
@@ -164,7 +206,7 @@ class EngineActor(Actor):
             return await self._join(message)
         if isinstance(message, BroadcastWeights):
             return await self._on_broadcast(message)
-        return self.core.statistics()
+        return self.occupancy.stamp(self.core.statistics())
 
     def _check_update(self, kind: str, policy: str, version: int) -> None:
         if policy != self.core.policy:
