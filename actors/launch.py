@@ -93,9 +93,19 @@ async def open_judge(config: RunConfig, head: Node) -> Judge | None:
 
 
 def new_run_dir(config: RunConfig) -> Path:
+    """``RUNS_DIR/NAME-STAMP``, or ``NAME-STAMP-2``, ``-3``... when runs started in the
+    same second: creating the directory claims the name."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(config.runs_dir) / f"{config.name}-{stamp}"
-    (run_dir / "logs").mkdir(parents=True)
+    root = Path(config.runs_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for suffix in itertools.chain([""], (f"-{n}" for n in itertools.count(2))):
+        run_dir = root / f"{config.name}-{stamp}{suffix}"
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            continue
+    (run_dir / "logs").mkdir()
     (run_dir / "config.toml").write_text(dump_config(config))
     return run_dir
 

@@ -168,3 +168,19 @@ def test_a_killed_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     ]
     assert resumed and resumed[-1]["version"] >= killed_at
     assert json.loads((run_dir / "eval.json").read_text())["end"]["problems"] == 2
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actors.launch import new_run_dir
+
+    monkeypatch.setattr(time, "strftime", lambda _: "20261204-120000")
+    config = load_config(None, [f"runs_dir={json.dumps(str(tmp_path))}"])
+    first, second, third = (new_run_dir(config) for _ in range(3))
+    assert [d.name for d in (first, second, third)] == [
+        f"{config.name}-20261204-120000",
+        f"{config.name}-20261204-120000-2",
+        f"{config.name}-20261204-120000-3",
+    ]
+    assert all((d / "config.toml").is_file() and (d / "logs").is_dir() for d in (first, second))
