@@ -76,7 +76,7 @@ def solver_config(plan: Plan, rep: int, runs_dir: Path, model: str) -> RunConfig
     """The kept-start recipe reduced to its Solver (one role, one agent step), on the
     checkpoint at ``model``."""
     base = kept_start(plan)
-    groups = int(base.learner.get("groups_per_batch", 16))
+    groups = base.learner_config("team").groups_per_batch
     return msgspec.structs.replace(
         base,
         name=f"e2e-rep{rep}",

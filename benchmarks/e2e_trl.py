@@ -53,9 +53,9 @@ def main() -> None:
         for p in problems_of(config, "train")
     ]
     sampling = config.sampling_for("solver")
-    learner = config.learner
+    learner = config.learner_config("team")
     group = config.conductor.group_size
-    batch = int(learner.get("groups_per_batch", 16)) * group
+    batch = learner.groups_per_batch * group
 
     def reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
@@ -98,13 +98,13 @@ def main() -> None:
         max_completion_length=sampling.max_tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
-        learning_rate=float(learner.get("lr", 1e-6)),
+        learning_rate=learner.lr,
         lr_scheduler_type="constant",
         warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        beta=0.0,
-        epsilon=0.2,
+        weight_decay=learner.weight_decay,
+        max_grad_norm=learner.max_grad_norm,
+        beta=learner.kl_coef,
+        epsilon=learner.clip_low,
         loss_type="grpo",
         max_steps=1_000_000,
         logging_steps=1,

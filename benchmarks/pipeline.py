@@ -262,7 +262,7 @@ async def drive(head: Node, mode: str, layout: Layout, plan: Plan) -> dict[str, 
     )
     await head.spawn("conductor", lambda: conductor)
     await conductor.connect()
-    began = await snapshot(head, engines)
+    began = anyio.current_time()
     warm: list[Snapshot] = []
 
     async def after_warmup() -> None:
@@ -283,10 +283,10 @@ async def drive(head: Node, mode: str, layout: Layout, plan: Plan) -> dict[str, 
     staleness = learner.staleness
     tokens = max(sum(staleness.values()), 1)
     return {
-        "wall_s": ended.at - began.at,
+        "wall_s": ended.at - began,
         "window_s": window,
         "segments_per_s": (learner.trained_segments - first.learner.trained_segments) / window,
-        "run_segments_per_s": learner.trained_segments / (ended.at - began.at),
+        "run_segments_per_s": learner.trained_segments / (ended.at - began),
         "trained_segments": learner.trained_segments,
         "held_segments": learner.held_segments,
         "emitted_segments": sum(role.actions for role in finished.roles.values()),
