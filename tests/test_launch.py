@@ -59,6 +59,18 @@ def test_overrides_are_read_as_toml_values() -> None:
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# These tests check the launcher's plumbing (checkpoints, evaluation, reports, resume),
+# so every batch must take a step: GRPO consumes a batch whose groups all scored alike
+# without one, and with two samples a group on a tiny model that happens often enough
+# to leave a short run with no step at all. REINFORCE++ steps on every batch; beta 0
+# spares loading a reference model.
+EVERY_BATCH_A_STEP = (
+    "learner.algorithm='reinforce_pp'",
+    "learner.segments_per_batch=4",
+    "learner.beta=0.0",
+)
+
+
 def launch(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "actors.launch", *args],
@@ -81,7 +93,7 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
         "policies.team.warm_start_steps=100",
         "conductor.group_size=2",
         "conductor.problems_per_step=2",
-        "learner.groups_per_batch=4",
+        *EVERY_BATCH_A_STEP,
         "problems.difficulty=1",
         "eval.problems=4",
     ]
@@ -94,9 +106,8 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
     assert (run_dir / "config.toml").is_file() and (run_dir / "samples.jsonl").stat().st_size
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert metrics and set(metrics[-1]["roles"]) <= {"solver", "verifier", "corrector"}
-    # A batch whose every group scored alike is consumed without a step, and groups
-    # still on their way when the run ends may complete one more: read the version
-    # from the newest checkpoint.
+    # Segments still on their way when the run ends may complete one more batch: read
+    # the version from the newest checkpoint.
     written = sorted((run_dir / "checkpoints" / "team").glob("step-*"))
     assert written, "the run took no step"
     version = json.loads((written[-1] / "meta.json").read_text())["version"]
@@ -125,7 +136,7 @@ def short_run(tmp_path: Path, steps: int) -> list[str]:
         "--set=policies.team.warm_start_steps=100",
         "--set=conductor.group_size=2",
         "--set=conductor.problems_per_step=2",
-        "--set=learner.groups_per_batch=4",
+        *(f"--set={o}" for o in EVERY_BATCH_A_STEP),
         "--set=problems.difficulty=1",
         "--set=eval.problems=2",
         "--set=eval.before=false",
