@@ -138,7 +138,8 @@ async def serve_worker(config: RunConfig, run_dir: Path, head: str, rank: int) -
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     models = await wait_for_models(config, run_dir, rank)
     listen = node_listen(config)
-    async with open_node(f"rank-{rank}", listen=listen, head=head) as node:
+    keys = config.cluster_keys()
+    async with open_node(f"rank-{rank}", listen=listen, head=head, keys=keys) as node:
         with anyio.move_on_after(config.cluster.join_timeout) as waited:
             await poll_until(lambda: node.peer_is_up(HEAD_NODE))
         if waited.cancelled_caught:

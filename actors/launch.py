@@ -6,6 +6,7 @@
     bin/launch --resume RUN_DIR [--eval]      # continue a run, or evaluate its checkpoints
     bin/launch CONFIG --join tcp://HEAD:PORT --rank 1 --run-dir DIR   # a worker host
     srun bin/launch CONFIG                    # every rank, placed by Slurm's environment
+    bin/launch keys DIR                       # CURVE keys for a multi-host run's links
 
 ``launch`` builds (for ``model = "tiny"``) the embedded model, starts the engine and
 learner node processes placed on the head (each logs JSON lines to ``RUN_DIR/logs/``),
@@ -26,6 +27,7 @@ import json
 import random
 import shutil
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -65,9 +67,7 @@ from actors.tiny_model import build_tiny_checkpoint
 from actors.warm_start import format_examples, teach_formats
 from learner.checkpoints import latest_checkpoint
 from rewards.judge import Judge, JudgeActor, LLMJudge, RemoteJudge, RuleJudge, engine_generate
-from runtime import Node, configure_logging, open_node
-
-"""The policy name an LLM judge's engine serves (its weights never change)."""
+from runtime import KeysError, Node, configure_logging, create_cluster_keys, open_node
 
 
 async def open_judge(config: RunConfig, head: Node) -> Judge | None:
@@ -209,7 +209,7 @@ async def _run(
     sampler: Callable[[ScoredSegment], None],
 ) -> dict[str, EvalReport]:
     async with (
-        open_node("head", listen=head_listen(config)) as head,
+        open_node("head", listen=head_listen(config), keys=config.cluster_keys()) as head,
         open_processes(
             config, run_dir, head.address, models, learners=train, listen=node_listen(config)
         ),
@@ -320,7 +320,29 @@ def console_line(stats: ConductorStats, steps: int, elapsed: float) -> str:
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "marsrl-tiny.toml"
 
 
+def make_keys(argv: list[str]) -> None:
+    """``bin/launch keys DIR``: a new CURVE key pair for one cluster's runs."""
+    parser = argparse.ArgumentParser(
+        prog="bin/launch keys",
+        description="Create the CURVE key pair that authenticates a multi-host run's links.",
+    )
+    parser.add_argument("directory", type=Path, help="where to write it (a new directory)")
+    args = parser.parse_args(argv)
+    try:
+        secret = create_cluster_keys(args.directory)
+    except KeysError as error:
+        parser.exit(2, f"bin/launch keys: {error}\n")
+    print(
+        f"wrote {secret} (readable by you only) and its public key; set cluster.keys = "
+        f'"{args.directory}" in the recipe and copy the directory to that path on every host',
+        flush=True,
+    )
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["keys"]:
+        make_keys(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(
         prog="bin/launch", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

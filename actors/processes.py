@@ -65,6 +65,8 @@ async def open_processes(
                     continue
                 command = [sys.executable, "-m", *_entry_point(config, run_dir, name, models)]
                 command += ["--head", head, "--listen", listen]
+                if config.cluster.keys:
+                    command += ["--keys", config.cluster.keys]
                 log = open_append(files, logs / f"{_file_name(name)}.jsonl")
                 processes.append(await start_node_process(command, log, tasks))
             try:

@@ -22,6 +22,7 @@ from actors.messages import SamplingParams
 from actors.roles import ROLES
 from actors.workflows import WORKFLOWS
 from learner.trainer import LearnerConfig
+from runtime import CurveKeys, KeysError, load_cluster_keys
 
 JUDGE_POLICY = "judge"
 """The policy name of the judge's engine (a frozen model, never trained)."""
@@ -102,6 +103,11 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     to the rank that runs it; a process not named runs on rank 0."""
     join_timeout: float = 600.0
     """How long a worker waits for the head and for a shared run directory's models."""
+    keys: str = ""
+    """A directory made by ``bin/launch keys DIR``, at the same path on every host: every
+    link between the run's nodes is then authenticated and encrypted with ZeroMQ CURVE,
+    and a node without the keys cannot connect. Required when ``hosts`` > 1; one host
+    listens on loopback only."""
 
 
 class RunConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -150,6 +156,10 @@ class RunConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     def rank_of(self, process: str) -> int:
         return self.cluster.placement.get(process, 0)
+
+    def cluster_keys(self) -> CurveKeys | None:
+        """The CURVE keys every node of the run uses, if ``cluster.keys`` names any."""
+        return load_cluster_keys(self.cluster.keys) if self.cluster.keys else None
 
     def learner_config(self, policy: str, **wiring: Any) -> LearnerConfig:
         return msgspec.convert({**self.learner, "policy": policy, **wiring}, LearnerConfig)
@@ -227,6 +237,16 @@ def _check(config: RunConfig) -> None:
     cluster = config.cluster
     if cluster.hosts < 1:
         raise ConfigError(f"$.cluster.hosts: at least 1, got {cluster.hosts}")
+    if cluster.hosts > 1 and not cluster.keys:
+        raise ConfigError(
+            "$.cluster.keys: a run over several hosts needs keys; create them with "
+            "`bin/launch keys DIR` and set cluster.keys to DIR"
+        )
+    if cluster.keys:
+        try:
+            load_cluster_keys(cluster.keys)
+        except KeysError as error:
+            raise ConfigError(f"$.cluster.keys: {error}") from None
     known = config.node_processes()
     for process, rank in cluster.placement.items():
         if process not in known:

@@ -24,13 +24,14 @@ import torch
 from actors.models import check_checkpoint, load_checkpoint
 from learner.actor import LearnerActor
 from learner.trainer import LearnerConfig
-from runtime import configure_logging, open_node, wait_until_stopped
+from runtime import configure_logging, load_cluster_keys, open_node, wait_until_stopped
 
 
 async def serve(args: argparse.Namespace, config: LearnerConfig) -> None:
     name = f"learner/{config.policy}"
+    keys = load_cluster_keys(args.keys) if args.keys else None
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    async with open_node(name, listen=args.listen, head=args.head) as node:
+    async with open_node(name, listen=args.listen, head=args.head, keys=keys) as node:
         await node.spawn(
             name, lambda: LearnerActor(load_checkpoint(args.model, device=device).model, config)
         )
@@ -44,6 +45,7 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="a local checkpoint directory")
     parser.add_argument("--config", required=True, help="a LearnerConfig as JSON")
     parser.add_argument("--listen", default="tcp://127.0.0.1:*")
+    parser.add_argument("--keys", default="", help="the cluster's CURVE keys directory")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args()

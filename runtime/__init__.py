@@ -37,7 +37,7 @@ from ._message import ActorRef, Blob, Message, Request
 from ._node import Node, NodeStatistics, open_node
 from ._supervisor import Supervisor
 from ._transport import Connection, Endpoint, Transport
-from ._zmq import ZmqTransport
+from ._zmq import CurveKeys, KeysError, ZmqTransport, create_cluster_keys, load_cluster_keys
 
 __all__ = [
     "Actor",
@@ -48,9 +48,11 @@ __all__ = [
     "CallTimeout",
     "Codec",
     "Connection",
+    "CurveKeys",
     "Delivery",
     "Endpoint",
     "FrameError",
+    "KeysError",
     "LinkStatistics",
     "MemoryNetwork",
     "Message",
@@ -67,7 +69,9 @@ __all__ = [
     "Transport",
     "ZmqTransport",
     "configure_logging",
+    "create_cluster_keys",
     "current_delivery",
+    "load_cluster_keys",
     "open_node",
     "wait_until_stopped",
 ]

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.abc
@@ -65,6 +65,9 @@ from ._wire import (
     decode_item,
     encode_batch,
 )
+
+if TYPE_CHECKING:
+    from ._zmq import CurveKeys
 
 R = TypeVar("R")
 A = TypeVar("A", bound=Actor)
@@ -695,6 +698,7 @@ async def open_node(
     head: str | None = None,
     config: NodeConfig | None = None,
     transport: Transport | None = None,
+    keys: CurveKeys | None = None,
 ) -> AsyncIterator[Node]:
     """Run a node for the duration of the block.
 
@@ -702,7 +706,9 @@ async def open_node(
     is the head's address (its name is learned when it first answers). ``listen`` defaults to
     loopback: a node is reachable from other hosts only if it is told to listen there.
     The transport follows the address (ZeroMQ for tcp:// and ipc://); ``mem://``
-    addresses need ``transport=MemoryNetwork()`` shared by the nodes of a test.
+    addresses need ``transport=MemoryNetwork()`` shared by the nodes of a test. With
+    ``keys`` (a cluster's, from ``load_cluster_keys``) every link is authenticated and
+    encrypted with CURVE, and peers without those keys cannot connect.
 
     Leaving the block stops the actors, then waits up to ``shutdown_timeout`` for
     peers to acknowledge what this node sent.
@@ -715,7 +721,9 @@ async def open_node(
             raise ValueError(f"no transport for {listen!r}: pass transport= for mem:// addresses")
         from ._zmq import ZmqTransport
 
-        transport = ZmqTransport(max_message_bytes=2 * config.max_frame_bytes)
+        transport = ZmqTransport(max_message_bytes=2 * config.max_frame_bytes, curve=keys)
+    elif keys is not None:
+        raise ValueError("keys go to the transport when one is passed: ZmqTransport(curve=...)")
     node = Node(name, config, head)
     try:
         async with transport.open(name, node._on_frames) as endpoint:

@@ -18,24 +18,92 @@ one DEALER per peer it dials. Options are explicit: ``LINGER`` 0 (delivery is
 guaranteed by acknowledgements, never by lingering), ``IMMEDIATE`` on dealers (queue
 only on completed connections), ``ROUTER_MANDATORY`` (an unroutable send is an error,
 not a silent drop) and ``ROUTER_HANDOVER`` (a restarted peer takes over its identity).
+
+Links between hosts are authenticated and encrypted with CURVE when the transport is
+given a cluster's ``CurveKeys``: every node holds the same key pair, serves with its
+secret key, dials with the pair, and a ZAP authenticator (pyzmq's, on a thread of its
+own) admits only peers that present the cluster's public key, which CURVE's handshake
+makes them prove they hold the secret for. A peer without the keys never completes a
+handshake, so none of its frames reaches the node. One pair per cluster rather than one
+per node keeps key distribution to a single directory on a shared or copied path.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import cast
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import msgspec
 import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
 
+from ._log import get_logger
 from ._transport import Buffer, Connection, Endpoint, OnFrames, Transport
 
 _DRAIN = 64
 _BIND_RETRY_S = 5.0
+_KEY_NAME = "cluster"
+
+log = get_logger()
+
+
+class CurveKeys(msgspec.Struct, frozen=True):
+    """A cluster's CURVE key pair, Z85-encoded."""
+
+    public: bytes
+    secret: bytes
+
+
+class KeysError(ValueError):
+    """A keys directory is missing, incomplete or unreadable; the message names it."""
+
+
+def create_cluster_keys(directory: str | Path) -> Path:
+    """Write a new key pair into ``directory`` (created if needed; an existing pair is
+    never overwritten) and return the secret file, readable by its owner only."""
+    directory = Path(directory)
+    secret = directory / f"{_KEY_NAME}.key_secret"
+    if secret.exists():
+        raise KeysError(f"{directory} already holds cluster keys; use another directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    _, secret_file = zmq.auth.create_certificates(directory, _KEY_NAME)
+    os.chmod(secret_file, 0o600)
+    return Path(secret_file)
+
+
+def load_cluster_keys(directory: str | Path) -> CurveKeys:
+    """The key pair ``create_cluster_keys`` wrote into ``directory``."""
+    secret = Path(directory) / f"{_KEY_NAME}.key_secret"
+    if not secret.is_file():
+        raise KeysError(f"{directory}: no {secret.name} (create one with `bin/launch keys DIR`)")
+    try:
+        public, secret_key = zmq.auth.load_certificate(secret)
+    except (OSError, ValueError) as error:
+        raise KeysError(f"{secret}: not a CURVE key pair ({error})") from None
+    if not secret_key:
+        raise KeysError(f"{secret}: holds no secret key")
+    return CurveKeys(public, secret_key)
+
+
+class _OnlyTheClusterKey:
+    """The ZAP credentials check: a peer's public key must be the cluster's."""
+
+    def __init__(self, public: bytes) -> None:
+        self.public = public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key == self.public:
+            return True
+        log.warning("rejected", reason="curve_key", detail=f"unknown public key {key!r}")
+        return False
 
 
 class ZmqTransport(Transport):
@@ -43,16 +111,26 @@ class ZmqTransport(Transport):
 
     ``hwm`` bounds the batches libzmq queues per peer (a safety net under credit flow
     control, never the mechanism); ``max_message_bytes`` makes libzmq drop a peer that
-    sends a larger frame, before it is ever allocated in full.
+    sends a larger frame, before it is ever allocated in full. With ``curve`` every
+    socket authenticates and encrypts with the cluster's keys (see the module
+    docstring).
     """
 
-    def __init__(self, *, hwm: int = 10_000, max_message_bytes: int = -1) -> None:
+    def __init__(
+        self, *, hwm: int = 10_000, max_message_bytes: int = -1, curve: CurveKeys | None = None
+    ) -> None:
         self.hwm = hwm
         self.max_message_bytes = max_message_bytes
+        self.curve = curve
 
     @asynccontextmanager
     async def open(self, identity: str, on_frames: OnFrames) -> AsyncIterator[Endpoint]:
         context = zmq.Context()
+        authenticator = None
+        if self.curve is not None:
+            authenticator = ThreadAuthenticator(context)
+            authenticator.start()
+            authenticator.configure_curve_callback("*", _OnlyTheClusterKey(self.curve.public))
         try:
             async with anyio.create_task_group() as tasks:
                 endpoint = _ZmqEndpoint(self, context, identity.encode(), on_frames, tasks)
@@ -61,6 +139,8 @@ class ZmqTransport(Transport):
                 finally:
                     tasks.cancel_scope.cancel()
         finally:
+            if authenticator is not None:
+                authenticator.stop()
             context.destroy(linger=0)
 
 
@@ -86,6 +166,14 @@ class _ZmqEndpoint(Endpoint):
         sock.setsockopt(zmq.SNDHWM, self._transport.hwm)
         sock.setsockopt(zmq.RCVHWM, self._transport.hwm)
         sock.setsockopt(zmq.MAXMSGSIZE, self._transport.max_message_bytes)
+        curve = self._transport.curve
+        if curve is not None:
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, curve.public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret)
+            if kind == zmq.ROUTER:
+                sock.setsockopt(zmq.CURVE_SERVER, 1)
+            else:
+                sock.setsockopt(zmq.CURVE_SERVERKEY, curve.public)
         return sock
 
     async def listen(self, address: str) -> str:

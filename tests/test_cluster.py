@@ -52,9 +52,11 @@ def test_slurm_environment_gives_rank_and_head() -> None:
         (["cluster.placement={'engine/critic/0' = 1}"], r"\$\.cluster\.placement\.engine/critic/0"),
         (["cluster.placement={'engine/team/0' = 1}"], r"rank 1 is not in 0\.\.0"),
         (["cluster.hosts=0"], r"\$\.cluster\.hosts"),
+        (["cluster.hosts=2"], r"\$\.cluster\.keys: a run over several hosts needs keys"),
+        (["cluster.keys='/none'"], r"\$\.cluster\.keys: /none: no cluster\.key_secret"),
     ],
 )
-def test_bad_placement_names_the_field(overrides: list[str], message: str) -> None:
+def test_bad_cluster_settings_name_the_field(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(DEFAULT, overrides)
 
@@ -68,11 +70,22 @@ def free_port() -> int:
 @pytest.mark.slow
 def test_an_engine_on_a_worker_host_serves_the_head_run(tmp_path: Path) -> None:
     """The head starts under Slurm's environment (rank 0), the worker with ``--join``;
-    the worker serves the engine until the head's run ends, then stops by itself."""
+    the worker serves the engine until the head's run ends, then stops by itself. Their
+    links are authenticated with keys made by ``bin/launch keys``."""
     port = free_port()
+    keys = tmp_path / "keys"
+    made = subprocess.run(
+        [sys.executable, "-m", "actors.launch", "keys", str(keys)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert made.returncode == 0, made.stderr
     settings = [
         f"--set=runs_dir='{tmp_path}'",
         "--set=cluster.hosts=2",
+        f"--set=cluster.keys='{keys}'",
         f"--set=cluster.port={port}",
         "--set=cluster.interface='127.0.0.1'",
         "--set=cluster.placement={'engine/team/0' = 1}",

@@ -22,7 +22,7 @@ import torch
 
 from actors.engines.base import EngineActor, EngineCore
 from actors.models import check_checkpoint, load_checkpoint
-from runtime import configure_logging, open_node, wait_until_stopped
+from runtime import configure_logging, load_cluster_keys, open_node, wait_until_stopped
 
 
 @asynccontextmanager
@@ -49,8 +49,9 @@ async def open_engine(
 async def serve(args: argparse.Namespace) -> None:
     check_checkpoint(args.model)
     name = f"engine/{args.policy}/{args.index}"
+    keys = load_cluster_keys(args.keys) if args.keys else None
     async with (
-        open_node(name, listen=args.listen, head=args.head) as node,
+        open_node(name, listen=args.listen, head=args.head, keys=keys) as node,
         open_engine(args.engine, args.model, policy=args.policy, max_batch=args.max_batch) as core,
     ):
         await node.spawn(name, lambda: EngineActor(core))
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--engine", default="torch", choices=["torch", "vllm"])
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--listen", default="tcp://127.0.0.1:*")
+    parser.add_argument("--keys", default="", help="the cluster's CURVE keys directory")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--max-batch", type=int, default=64, help="rows decoded together")
     parser.add_argument("--log-level", default="info")
