@@ -91,7 +91,13 @@ def teach_formats(
     seed: int = 0,
 ) -> float:
     """Train the checkpoint at ``path`` on ``examples`` (loss on the targets only) and
-    save it back in place; returns the last step's loss."""
+    save it back in place; returns the last step's loss.
+
+    The learning rate decays linearly from ``lr`` to zero over ``steps``. At a constant
+    1e-3 the end state swung: in one probe the held-out greedy accuracy fell from 0.85
+    to 0.62 over the last 200 of 1000 steps as the loss rose again, and runs of that
+    recipe began RL at 0.06-0.07, so which warm starts RL could lift looked like
+    chance. Decayed over 500 steps, two seeds both ended at 0.85."""
     torch.manual_seed(seed)
     checkpoint = load_checkpoint(path)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
@@ -102,6 +108,7 @@ def teach_formats(
         completion = [*tokenizer.encode(target, add_special_tokens=False), eos]
         rows.append((prompt, completion))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1 - done / steps)
     rng = random.Random(seed)
     loss = torch.tensor(0.0)
     model.train()
@@ -118,6 +125,7 @@ def teach_formats(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        schedule.step()
     model.eval()
     model.save_pretrained(path, safe_serialization=True)
     return float(loss.detach())

@@ -3,82 +3,21 @@ rejection is counted under its reason and logged, and the node keeps serving."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from typing import Any
+from collections.abc import Callable
 
-import anyio
-import anyio.from_thread
 import msgspec
 import pytest
 import structlog
-import zmq
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from runtime import Node, NodeConfig, open_node
-from runtime._wire import PROTOCOL, DataOut, Header
-from tests.sample_actors import Add, Counter, Get
+from tests.sample_actors import Add, Get
+from tests.wire_fuzz import LIMIT, data, fuzz, header, open_rig
 
 pytestmark = pytest.mark.anyio
-LIMIT = 1 << 20
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "trio"
-
-
-class Rig:
-    """A head with a counter, a well-behaved worker, and a raw socket for garbage."""
-
-    def __init__(self, head: Node, worker: Node, raw: zmq.Socket[bytes]) -> None:
-        self.head, self.worker, self.raw = head, worker, raw
-
-    def send(self, *frames: bytes) -> None:
-        self.raw.send_multipart(list(frames))
-
-    async def still_serves(self) -> None:
-        counter = await self.worker.lookup("counter", timeout=5)
-        await self.worker.send(counter, Add(1))
-        assert (await self.worker.call(counter, Get(), timeout=5)).value >= 1
-
-    async def wait_rejected(self, reason: str, count: int = 1) -> None:
-        with anyio.fail_after(5):
-            # The node publishes rejections as counters, so the test polls them.
-            while self.head.statistics().rejected.get(reason, 0) < count:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
-
-
-@asynccontextmanager
-async def open_rig() -> AsyncIterator[Rig]:
-    config = NodeConfig(max_frame_bytes=LIMIT)
-    async with (
-        open_node("head", config=config) as head,
-        open_node("worker", head=head.address, config=config) as worker,
-    ):
-        await head.spawn("counter", Counter)
-        context = zmq.Context()
-        raw = context.socket(zmq.DEALER)
-        raw.setsockopt(zmq.LINGER, 0)
-        raw.setsockopt(zmq.ROUTING_ID, b"fuzzer")
-        raw.connect(head.address)
-        try:
-            yield Rig(head, worker, raw)
-        finally:
-            context.destroy(linger=0)
-
-
-def header(
-    items: list[tuple[int, bytes]], *, sender: str = "fuzzer", protocol: int = PROTOCOL
-) -> bytes:
-    return msgspec.msgpack.encode(
-        Header(protocol, sender, 7, 0, 0, 0, [(n, msgspec.Raw(item)) for n, item in items])
-    )
-
-
-def data(target: str, payload: Any, seq: int = 1) -> bytes:
-    return msgspec.msgpack.encode(DataOut(seq, target, "fuzz", 0, 0, payload))
 
 
 CASES: list[tuple[str, Callable[[], list[bytes]], str]] = [
@@ -143,73 +82,21 @@ async def test_data_with_a_valid_envelope_and_invalid_payload_names_the_field() 
         assert rig.head.actor_statistics("counter").rejected == 1
 
 
-int64 = st.integers(-(2**63), 2**63 - 1)
-frames_strategy = st.one_of(
-    st.lists(st.binary(max_size=512), min_size=1, max_size=4),
-    st.builds(
-        lambda sender, inc, base, items, extra: [
-            msgspec.msgpack.encode([PROTOCOL, sender, inc, 0, base, 0, items]),
-            *extra,
-        ],
-        st.sampled_from(["fuzzer", "", "head"]),
-        int64,
-        int64,
-        st.lists(
-            st.tuples(
-                st.integers(-2, 3),
-                st.one_of(
-                    st.binary(max_size=64).map(msgspec.Raw),
-                    st.builds(
-                        lambda seq, target, payload: msgspec.Raw(
-                            msgspec.msgpack.encode([1, seq, target, "fuzz", 0, 0, payload])
-                        ),
-                        st.integers(-5, 2**40),
-                        st.sampled_from(["counter", "nobody", ""]),
-                        st.one_of(
-                            st.none(),
-                            int64,
-                            st.text(max_size=8),
-                            st.fixed_dictionaries(
-                                {
-                                    "type": st.sampled_from(["Add", "Get", "X"]),
-                                    "n": st.one_of(int64, st.text()),
-                                }
-                            ),
-                        ),
-                    ),
-                    st.builds(
-                        lambda tag, rest: msgspec.Raw(msgspec.msgpack.encode([tag, *rest])),
-                        st.integers(0, 9),
-                        st.lists(
-                            st.one_of(int64, st.text(max_size=8), st.lists(int64, max_size=3)),
-                            max_size=4,
-                        ),
-                    ),
-                ),
-            ),
-            max_size=4,
-        ),
-        st.lists(st.binary(max_size=64), max_size=3),
-    ),
-)
+async def test_a_replayed_sequence_number_is_delivered_once() -> None:
+    async with open_rig() as rig:
+        for _ in range(3):
+            rig.send(header([(0, data("counter", Add(5), seq=1))]))
+        await rig.still_serves()
+        counter = await rig.head.lookup("counter", timeout=5)
+        # still_serves added 1 through the worker; the three sends of seq 1 add 5 once.
+        assert (await rig.head.call(counter, Get(), timeout=5)).value == 6
+        (link,) = [link for link in rig.head.statistics().links if link.peer == "fuzzer"]
+        assert link.duplicates == 2
 
 
 async def test_hypothesis_generated_frames_never_stop_the_node() -> None:
     async with open_rig() as rig:
-        examples = 0
-
-        @settings(
-            max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck)
-        )
-        @given(frames=frames_strategy)
-        def fuzz(frames: list[bytes]) -> None:
-            nonlocal examples
-            examples += 1
-            rig.send(*frames)
-            anyio.from_thread.run(rig.still_serves)
-
-        await anyio.to_thread.run_sync(fuzz)
-        stats = rig.head.statistics()
-        assert examples == 300
-        assert sum(stats.rejected.values()) >= 100, stats.rejected
-        assert rig.head.actor_statistics("counter").running
+        report = await fuzz(rig, 1000, check_every=50)
+    assert report.cases == 1000 and report.checks == 21
+    assert sum(report.rejected.values()) >= 300, report.rejected
+    assert {"bad_header", "bad_item", "unknown_actor", "bad_payload"} <= set(report.rejected)
