@@ -53,6 +53,7 @@ from actors.conductor import Conductor, ConductorStats, RunFailed
 from actors.engines.weights import to_buckets
 from actors.evaluation import EvalReport, evaluate
 from actors.messages import Problem, ScoredSegment
+from actors.models import CheckpointError, check_model
 from actors.problems import arithmetic_problems, load_problems
 from actors.processes import open_append, open_processes
 from actors.run_config import (
@@ -130,6 +131,23 @@ def endless(problems: list[Problem], seed: int) -> Iterator[Problem]:
         rng.shuffle(order)
         for problem in order:
             yield msgspec.structs.replace(problem, problem_id=f"{problem.problem_id}@{epoch}")
+
+
+def check_models(config: RunConfig) -> None:
+    """Every checkpoint the recipe names is complete and its tokenizer fits its model,
+    checked before a run directory or a process exists; the error names the field."""
+    named = {
+        f"$.policies.{policy}.model": settings.model
+        for policy, settings in config.policies.items()
+        if settings.model != EMBEDDED
+    }
+    if config.judge.kind == "llm":
+        named["$.judge.model"] = config.judge.model
+    for field, path in named.items():
+        try:
+            check_model(path)
+        except CheckpointError as error:
+            raise ConfigError(f"{field}: {error}") from None
 
 
 def prepare_models(config: RunConfig, run_dir: Path) -> dict[str, str]:
@@ -367,6 +385,7 @@ def main() -> None:
     try:
         source = args.resume / "config.toml" if args.resume else args.config or DEFAULT_CONFIG
         config = load_config(source, args.set)
+        check_models(config)
     except ConfigError as error:
         parser.exit(2, f"bin/launch: {error}\n")
     slurm = slurm_task() if config.cluster.hosts > 1 and not args.join else None

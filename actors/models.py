@@ -65,12 +65,33 @@ def load_checkpoint(
     model: Any = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=dtype)
     model.to(torch.device(device))
     model.train(False)
-    if model.config.vocab_size < len(tokenizer):
-        raise CheckpointError(
-            f"model path {str(directory)!r}: the tokenizer has {len(tokenizer)} tokens but "
-            f"the model's vocabulary only {model.config.vocab_size}"
-        )
+    _check_vocabulary(directory, model.config.vocab_size, len(tokenizer))
     return Checkpoint(directory, model, tokenizer)
+
+
+def check_model(path: str | Path) -> Path:
+    """``check_checkpoint``, and that every token of the tokenizer has a row in the
+    model's embedding: read from the config, so no weights are loaded. A launcher runs
+    it before it starts anything, so a checkpoint paired with another model's tokenizer
+    is an error naming the path rather than an engine dying on an index."""
+    directory = check_checkpoint(path)
+    try:
+        config = AutoConfig.from_pretrained(directory, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"model path {str(directory)!r}: {error}") from None
+    vocab_size = getattr(config.get_text_config(), "vocab_size", None)
+    if isinstance(vocab_size, int):
+        _check_vocabulary(directory, vocab_size, len(tokenizer))
+    return directory
+
+
+def _check_vocabulary(directory: Path, vocab_size: int, tokens: int) -> None:
+    if vocab_size < tokens:
+        raise CheckpointError(
+            f"model path {str(directory)!r}: the tokenizer has {tokens} tokens but the "
+            f"model's vocabulary only {vocab_size}"
+        )
 
 
 def parameter_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:

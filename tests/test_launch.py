@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,6 +128,40 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
     assert again.returncode == 0, again.stderr[-4000:]
     assert f"evaluating version {version}" in again.stdout
     assert "the newest checkpoints" in again.stdout
+
+
+def broken_copy(tiny_path: Path, tmp_path: Path, fault: str) -> Path:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_path, model)
+    if fault == "no weights":
+        for weights in model.glob("*.safetensors"):
+            weights.unlink()
+    else:
+        config = json.loads((model / "config.json").read_text())
+        config["vocab_size"] = 8
+        (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("no weights", r" has no \*\.safetensors weights"),
+        (
+            "another model's tokenizer",
+            r": the tokenizer has \d+ tokens but the model's vocabulary only 8",
+        ),
+    ],
+)
+def test_a_broken_model_is_named_before_anything_starts(
+    tiny_path: Path, tmp_path: Path, fault: str, message: str
+) -> None:
+    model = broken_copy(tiny_path, tmp_path, fault)
+    done = launch(f"--set=runs_dir='{tmp_path / 'runs'}'", f"--set=policies.team.model='{model}'")
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    field = rf"\$\.policies\.team\.model: model path '{re.escape(str(model))}'"
+    assert re.search(field + message, done.stderr), done.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def short_run(tmp_path: Path, steps: int) -> list[str]:
