@@ -1,5 +1,6 @@
-"""Across real processes: backpressure keeps both sides bounded, and a receiving node
-killed with SIGKILL mid-stream and restarted still handles every message exactly once."""
+"""Across real processes: backpressure keeps both sides bounded, a receiving node
+killed with SIGKILL mid-stream and restarted still handles every message exactly once,
+and a hung one (SIGSTOP) is declared down by heartbeats like a dead one."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import anyio
 import pytest
 from anyio.abc import Process
 
-from runtime import ActorRef, Node, open_node
+from runtime import ActorRef, Node, PeerUnavailable, open_node
 from tests.node_process import Probe, config, rss_bytes
 from tests.sample_actors import Record
 
@@ -123,3 +125,28 @@ async def test_killed_receiver_handles_every_accepted_message_exactly_once(tmp_p
         f"{len(keys)} handled, {len(set(keys))} distinct, missing "
         f"{sorted(set(range(total)) - set(keys))[:10]}"
     )
+
+
+async def test_a_hung_receiver_is_declared_down_within_the_heartbeat_timeout(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP leaves the socket open and the process alive, so only the missing
+    heartbeats tell; a call waiting on the hung node fails with PeerUnavailable then,
+    long before its own timeout."""
+    timeout = config().heartbeat_timeout
+    async with open_node("producer", config=config()) as node:
+        consumer = await start_consumer(node, "tcp://127.0.0.1:*", tmp_path / "journal", 0.0)
+        try:
+            probe = await node.lookup("probe", timeout=30)
+            await node.call(probe, Probe(), timeout=10)
+            assert node.peer_is_up("consumer")
+            os.kill(consumer.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            with pytest.raises(PeerUnavailable):
+                await node.call(probe, Probe(), timeout=10 * timeout)
+            detected = time.monotonic() - stopped
+            assert not node.peer_is_up("consumer")
+        finally:
+            os.kill(consumer.pid, signal.SIGCONT)
+            await stop(consumer)
+    assert timeout / 2 <= detected <= timeout + 1.0, f"declared down after {detected:.2f} s"
