@@ -151,20 +151,33 @@ def check_models(config: RunConfig) -> None:
 
 
 def prepare_models(config: RunConfig, run_dir: Path) -> dict[str, str]:
-    """The checkpoint path of every policy; builds and warm-starts embedded ones."""
-    paths = {}
+    """The checkpoint path of every policy; builds and warm-starts embedded ones.
+
+    Every embedded policy learns the formats of every role of the run, and policies
+    with the same warm-start settings start from one copy of the same weights: as all
+    agents of the papers start from one pretrained checkpoint, so that one policy per
+    role and one shared policy differ only in what RL does to them, and the warm start
+    runs once rather than once per policy."""
+    paths: dict[str, str] = {}
+    built: dict[tuple[int, float], Path] = {}
     for policy, settings in config.policies.items():
         if settings.model != EMBEDDED:
             paths[policy] = settings.model
             continue
         path = run_dir / "models" / policy
+        recipe = (settings.warm_start_steps, settings.warm_start_correct)
         if not path.is_dir():
             # Built aside and renamed into place whole: a resumed run, or a worker host
             # waiting on a shared run directory, never sees a half-built model.
             building = path.with_name(f".{policy}.building")
             shutil.rmtree(building, ignore_errors=True)
-            _build_embedded(config, policy, building)
+            if recipe in built:
+                print(f"warm start: {policy} starts as a copy of {built[recipe].name}", flush=True)
+                shutil.copytree(built[recipe], building)
+            else:
+                _build_embedded(config, policy, building)
             building.rename(path)
+        built.setdefault(recipe, path)
         paths[policy] = str(path)
     if config.judge.kind == "llm":
         paths[JUDGE_POLICY] = config.judge.model
@@ -174,7 +187,7 @@ def prepare_models(config: RunConfig, run_dir: Path) -> dict[str, str]:
 def _build_embedded(config: RunConfig, policy: str, path: Path) -> None:
     settings = config.policies[policy]
     build_tiny_checkpoint(path, seed=config.seed)
-    roles = [r for r, p in config.roles.items() if p == policy]
+    roles = list(config.roles)
     examples = format_examples(
         roles,
         problems_of(config, "train"),

@@ -36,18 +36,22 @@ LIMIT = 1 << 20
 
 
 class Rig:
-    """A head with a counter, a well-behaved worker, and a raw socket for garbage."""
+    """A head with a ``counter`` the raw socket aims at and a ``canary`` it never
+    names, a well-behaved worker, and the raw socket for garbage."""
 
     def __init__(self, head: Node, worker: Node, raw: zmq.Socket[bytes]) -> None:
         self.head, self.worker, self.raw = head, worker, raw
+        self.checks = 0
 
     def send(self, *frames: bytes) -> None:
         self.raw.send_multipart(list(frames))
 
     async def still_serves(self) -> None:
-        counter = await self.worker.lookup("counter", timeout=5)
-        await self.worker.send(counter, Add(1))
-        assert (await self.worker.call(counter, Get(), timeout=5)).value >= 1
+        """The worker's every message to the canary arrived, this one included."""
+        canary = await self.worker.lookup("canary", timeout=5)
+        await self.worker.send(canary, Add(1))
+        self.checks += 1
+        assert (await self.worker.call(canary, Get(), timeout=5)).value == self.checks
 
     async def wait_rejected(self, reason: str, count: int = 1) -> None:
         with anyio.fail_after(5):
@@ -64,6 +68,7 @@ async def open_rig() -> AsyncIterator[Rig]:
         open_node("worker", head=head.address, config=config) as worker,
     ):
         await head.spawn("counter", Counter)
+        await head.spawn("canary", Counter)
         context = zmq.Context()
         raw = context.socket(zmq.DEALER)
         raw.setsockopt(zmq.LINGER, 0)
@@ -162,12 +167,8 @@ class FuzzReport(msgspec.Struct):
 async def fuzz(rig: Rig, cases: int, *, check_every: int = 100) -> FuzzReport:
     """Send ``cases`` generated frame lists to the head, checking every
     ``check_every`` cases (and after the last) that it still serves the worker."""
-    sent = checks = 0
-
-    def one_check() -> None:
-        nonlocal checks
-        anyio.from_thread.run(rig.still_serves)
-        checks += 1
+    sent = 0
+    checks_before = rig.checks
 
     @settings(
         max_examples=cases, deadline=None, database=None, suppress_health_check=list(HealthCheck)
@@ -178,19 +179,18 @@ async def fuzz(rig: Rig, cases: int, *, check_every: int = 100) -> FuzzReport:
         sent += 1
         rig.send(*frames)
         if sent % check_every == 0:
-            one_check()
+            anyio.from_thread.run(rig.still_serves)
 
     began = time.perf_counter()
     await anyio.to_thread.run_sync(send)
     await rig.still_serves()
-    checks += 1
     seconds = time.perf_counter() - began
     statistics = rig.head.statistics()
     return FuzzReport(
         cases=sent,
         seconds=round(seconds, 1),
         cases_per_second=round(sent / seconds),
-        checks=checks,
+        checks=rig.checks - checks_before,
         rejected=dict(sorted(statistics.rejected.items())),
         duplicates=sum(link.duplicates for link in statistics.links),
     )
