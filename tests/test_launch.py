@@ -14,8 +14,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from actors.report import write_report
 from actors.run_config import ConfigError, dump_config, load_config
@@ -128,6 +130,33 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
     assert again.returncode == 0, again.stderr[-4000:]
     assert f"evaluating version {version}" in again.stdout
     assert "the newest checkpoints" in again.stdout
+
+
+def test_policies_with_one_warm_start_recipe_start_as_copies_of_one_model(
+    tmp_path: Path,
+) -> None:
+    from safetensors.torch import load_file
+
+    from actors.launch import prepare_models
+
+    recipe = tmp_path / "per-role.toml"
+    recipe.write_text(
+        "[policies.solver]\nwarm_start_steps = 2\n"
+        "[policies.verifier]\nwarm_start_steps = 2\n"
+        "[policies.corrector]\nwarm_start_steps = 3\n"
+        '[roles]\nsolver = "solver"\nverifier = "verifier"\ncorrector = "corrector"\n'
+        "[problems]\ntrain = 64\ntest = 8\n"
+    )
+    paths = prepare_models(load_config(recipe), tmp_path)
+
+    def weights(policy: str) -> dict[str, Any]:
+        (file,) = Path(paths[policy]).glob("*.safetensors")
+        return load_file(file)
+
+    solver, verifier, corrector = (weights(p) for p in ("solver", "verifier", "corrector"))
+    assert solver.keys() == verifier.keys() == corrector.keys()
+    assert all(torch.equal(solver[k], verifier[k]) for k in solver)
+    assert not all(torch.equal(solver[k], corrector[k]) for k in solver)
 
 
 def broken_copy(tiny_path: Path, tmp_path: Path, fault: str) -> Path:
