@@ -294,7 +294,9 @@ class Node:
             data, frames = self._codec.encode(
                 DataOut(seq, target, source, call, self._trace(), message)
             )
-        except (TypeError, ValueError):
+        except Exception:
+            # The message never leaves: its credit goes back to the pool. Its sequence
+            # number is skipped, which the peer reads from the next batch's base.
             link.return_credit(target)
             raise
         link.enqueue(seq, target, data, frames, call, urgent=call != 0)
@@ -366,7 +368,7 @@ class Node:
             return  # the caller's process is gone
         try:
             data, frames = self._codec.encode(ReplyOut(envelope.call, status, payload))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             data, frames = self._codec.encode(
                 ReplyOut(
                     envelope.call,

@@ -10,7 +10,8 @@ import msgspec
 import pytest
 import structlog
 
-from tests.sample_actors import Add, Get
+from runtime import RemoteError
+from tests.sample_actors import Add, Counter, Get
 from tests.wire_fuzz import LIMIT, data, fuzz, header, open_rig
 
 pytestmark = pytest.mark.anyio
@@ -108,3 +109,26 @@ async def test_hypothesis_generated_frames_never_stop_the_node() -> None:
     assert report.cases == 1000 and report.checks == 21
     assert sum(report.rejected.values()) >= 300, report.rejected
     assert {"bad_header", "bad_item", "unknown_actor", "bad_payload"} <= set(report.rejected)
+
+
+async def test_a_reply_too_large_to_encode_fails_the_call_not_the_node() -> None:
+    """The fuzzer found this: valid sends pushed a counter past what msgpack can hold,
+    and encoding the reply to a remote Get raised OverflowError inside the node."""
+    async with open_rig() as rig:
+        counter = await rig.worker.lookup("counter", timeout=5)
+        for _ in range(5):
+            await rig.worker.send(counter, Add(2**62))
+        with pytest.raises(RemoteError, match="the reply could not be encoded"):
+            await rig.worker.call(counter, Get(), timeout=5)
+        await rig.still_serves()
+
+
+async def test_a_message_that_cannot_be_encoded_fails_its_send_and_the_link_goes_on() -> None:
+    async with open_rig() as rig:
+        counter = await rig.worker.lookup("counter", timeout=5)
+        for _ in range(2 * Counter.mailbox_size):
+            with pytest.raises(OverflowError):
+                await rig.worker.send(counter, Add(2**64))
+        await rig.worker.send(counter, Add(3))
+        assert (await rig.worker.call(counter, Get(), timeout=5)).value == 3
+        await rig.still_serves()
