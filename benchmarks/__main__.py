@@ -5,6 +5,7 @@ bin/bench engines            # engines against HF generate, weight updates (minu
 bin/bench learner            # learner step overhead, weight publication against raw zmq
 bin/bench pipeline           # schedules under a long-tailed load: synchronous vs streaming
 bin/bench e2e                # the default recipe's Solver: relaytrain against TRL's GRPOTrainer
+bin/bench soak               # the synthetic pipeline for 10 minutes: memory and queues
 bin/bench --quick            # every suite, short (CI): checks they work, not speed
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from benchmarks import e2e, engines, learner, pipeline, runtime
+from benchmarks import e2e, engines, learner, pipeline, runtime, soak
 
 SUITES = {
     "runtime": runtime.run,
@@ -21,6 +22,7 @@ SUITES = {
     "learner": learner.run,
     "pipeline": pipeline.run,
     "e2e": e2e.run,
+    "soak": soak.run,
 }
 
 

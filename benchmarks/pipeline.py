@@ -242,16 +242,16 @@ async def snapshot(head: Node, engines: Sequence[str]) -> Snapshot:
     return Snapshot(at, stats, engine_stats)
 
 
-async def drive(head: Node, mode: str, layout: Layout, plan: Plan) -> dict[str, Any]:
-    """Run ``mode`` from ``head`` until the learner consumed ``plan.batches``, with the
-    engines and the learner already serving; returns what it measured. Rates are taken
-    between the end of batch ``plan.warmup`` and the end of the run (the steady state:
-    every schedule first waits for its first batch to be generated); the staleness
-    histogram covers the whole run."""
-    engines = [f"engine/{POLICY}/{i}" for i in range(layout.engines)]
+def engine_names(layout: Layout) -> list[str]:
+    return [f"engine/{POLICY}/{i}" for i in range(layout.engines)]
+
+
+async def start_team(head: Node, mode: str, layout: Layout, plan: Plan) -> Conductor:
+    """The agents and the conductor on ``head``, connected to the serving engines and
+    learner; the caller runs the conductor."""
     sampling = SamplingParams(temperature=1.0, max_tokens=plan.workload.max_tokens)
     for role in ROLES:
-        agent = functools.partial(AgentActor, role, POLICY, engines, sampling=sampling)
+        agent = functools.partial(AgentActor, role, POLICY, engine_names(layout), sampling=sampling)
         await head.spawn(f"agent/{role}", agent)
     conductor = Conductor(
         conductor_config(mode, layout, plan),
@@ -262,6 +262,17 @@ async def drive(head: Node, mode: str, layout: Layout, plan: Plan) -> dict[str, 
     )
     await head.spawn("conductor", lambda: conductor)
     await conductor.connect()
+    return conductor
+
+
+async def drive(head: Node, mode: str, layout: Layout, plan: Plan) -> dict[str, Any]:
+    """Run ``mode`` from ``head`` until the learner consumed ``plan.batches``, with the
+    engines and the learner already serving; returns what it measured. Rates are taken
+    between the end of batch ``plan.warmup`` and the end of the run (the steady state:
+    every schedule first waits for its first batch to be generated); the staleness
+    histogram covers the whole run."""
+    engines = engine_names(layout)
+    conductor = await start_team(head, mode, layout, plan)
     began = anyio.current_time()
     warm: list[Snapshot] = []
 
