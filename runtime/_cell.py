@@ -329,43 +329,50 @@ class ActorCell:
                 await self._wait_for_work()
                 since_yield = 0
                 continue
-            envelope = self.mailbox.popleft()
-            self.in_flight[envelope.order] = envelope
-            token = current_delivery.set(envelope.delivery())
-            try:
-                result = await actor.handle(envelope.message)
-            except Exception as error:
-                self.failed += 1
-                if not envelope.is_call:
-                    self.node.log.error(
-                        "actor_crashed",
-                        actor=self.name,
-                        message_type=type(envelope.message).__name__,
-                        error=f"{type(error).__name__}: {error}",
-                    )
-                    crashed.append((envelope, error))
-                    raise _HandlerFailed from error
-                status, result = (
-                    ERROR,
-                    ErrorInfo(
-                        self.name,
-                        type(error).__name__,
-                        str(error),
-                        traceback.format_exc(),
-                    ),
-                )
-            else:
-                status = OK
-            finally:
-                current_delivery.reset(token)
-            # Acknowledge first: the ack and any credit it frees leave with the reply.
-            self._finish(envelope)
-            if envelope.is_call:
-                self.node.reply(envelope, status, result, actor=self.name)
+            # One message per call, so its locals go when it returns: a worker waiting
+            # for work held on to the last message it handled, and an engine's 1024
+            # idle workers each to a bucket of weights.
+            await self._handle(actor, self.mailbox.popleft(), crashed)
             since_yield += 1
             if since_yield >= _YIELD_EVERY:
                 since_yield = 0
                 await anyio.lowlevel.checkpoint()
+
+    async def _handle(
+        self, actor: Actor, envelope: Envelope, crashed: list[tuple[Envelope, BaseException]]
+    ) -> None:
+        self.in_flight[envelope.order] = envelope
+        token = current_delivery.set(envelope.delivery())
+        try:
+            result = await actor.handle(envelope.message)
+        except Exception as error:
+            self.failed += 1
+            if not envelope.is_call:
+                self.node.log.error(
+                    "actor_crashed",
+                    actor=self.name,
+                    message_type=type(envelope.message).__name__,
+                    error=f"{type(error).__name__}: {error}",
+                )
+                crashed.append((envelope, error))
+                raise _HandlerFailed from error
+            status, result = (
+                ERROR,
+                ErrorInfo(
+                    self.name,
+                    type(error).__name__,
+                    str(error),
+                    traceback.format_exc(),
+                ),
+            )
+        else:
+            status = OK
+        finally:
+            current_delivery.reset(token)
+        # Acknowledge first: the ack and any credit it frees leave with the reply.
+        self._finish(envelope)
+        if envelope.is_call:
+            self.node.reply(envelope, status, result, actor=self.name)
 
     async def _wait_for_work(self) -> None:
         event = anyio.Event()

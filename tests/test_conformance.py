@@ -26,6 +26,7 @@ from tests.sample_actors import (
     Count,
     Counter,
     Echo,
+    Echoed,
     Fail,
     Get,
     Hang,
@@ -179,6 +180,33 @@ async def test_sender_waits_for_credit_when_the_receiver_is_full(
             assert sent <= stats.capacity
             assert worker.link_statistics("head").unacked <= stats.capacity + 1
             tasks.cancel_scope.cancel()
+
+
+async def test_idle_workers_hold_no_handled_message(transport: str, tmp_path: Path) -> None:
+    """Each worker of a concurrent actor lets go of the message it handled: an engine
+    has 1024 workers, and each kept a bucket of weights alive while it waited."""
+    import gc
+
+    from runtime import Actor
+
+    class Pool(Actor):
+        inbox = Echo
+        concurrency = 8
+
+        async def handle(self, message: Echo) -> Echoed:
+            await anyio.sleep(0.01)
+            return Echoed(message.array, message.blob, "")
+
+    async with open_pair(transport, tmp_path) as (head, worker):
+        await head.spawn("pool", Pool)
+        pool = await worker.lookup("pool", timeout=5)
+        async with anyio.create_task_group() as tasks:
+            for _ in range(8):
+                tasks.start_soon(
+                    lambda: worker.call(pool, Echo(np.zeros(4), Blob(b"x")), timeout=5)
+                )
+        gc.collect()
+        assert not [o for o in gc.get_objects() if type(o) is Echo]
 
 
 async def test_concurrency_limit_bounds_messages_in_flight(transport: str, tmp_path: Path) -> None:
