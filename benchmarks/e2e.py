@@ -2,8 +2,8 @@
 same machine, for the same wall-clock time.
 
 The job is the default recipe's Solver on its own (``configs/marsrl-tiny.toml`` with
-only the Solver role and one agent step) from the README's kept warm start (the
-embedded tiny model after 700 supervised steps on all three roles' formats), built
+only the Solver role and one agent step) from one warm start (the embedded tiny model
+after 700 supervised steps on all three roles' formats over 4,033 problems), built
 once: both start from that checkpoint, with the same generated problems, prompt,
 sampling, reward (``rewards.marsrl.solver_reward``), group size, batch and
 learning rate. relaytrain runs it with ``bin/launch`` (its engine and learner in node
@@ -46,8 +46,9 @@ class Plan:
 
 
 FULL = Plan(steps=300, reps=3, eval_problems=200, warm_start_steps=700, train_problems=4033)
-"""The README's kept warm start (seed 0, 700 supervised steps over 4,033 problems), from
-which RL lifts the Solver: a start from which nothing learns compares nothing."""
+"""Seed 0, 700 supervised steps over 4,033 problems: with a constant warm-up learning
+rate, a start from which RL lifted the Solver (a start from which nothing learns
+compares nothing)."""
 QUICK = Plan(steps=3, reps=1, eval_problems=16, warm_start_steps=20, train_problems=4033)
 
 
