@@ -94,10 +94,9 @@ def teach_formats(
     save it back in place; returns the last step's loss.
 
     The learning rate decays linearly from ``lr`` to zero over ``steps``. At a constant
-    1e-3 the end state swung: in one probe the held-out greedy accuracy fell from 0.85
-    to 0.62 over the last 200 of 1000 steps as the loss rose again, and runs of that
-    recipe began RL at 0.06-0.07, so which warm starts RL could lift looked like
-    chance. Decayed over 500 steps, two seeds both ended at 0.85."""
+    1e-3 the end state swung: on single-digit sums, held-out greedy accuracy reached
+    0.85 by step 500 and fell back to 0.62 by step 1000 as the loss rose again.
+    Decayed over 500 steps, seeds 0 and 1 both ended at 0.85."""
     torch.manual_seed(seed)
     checkpoint = load_checkpoint(path)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
