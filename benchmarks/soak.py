@@ -74,7 +74,6 @@ async def sample(
         "t": anyio.current_time() - began,
         "rss_mib": rss,
         "mailbox": {a.name: a.mailbox for a in node.actors},
-        "mailbox_capacity": {a.name: a.capacity for a in node.actors},
         "unacked": max((link.unacked for link in node.links), default=0),
         "held_segments": learned.held_segments,
         "engine_waiting": waiting,
@@ -104,7 +103,8 @@ async def soak(seconds: float, interval: float, model: Path, log: IO[bytes]) -> 
                 )
             tasks.cancel_scope.cancel()
         failed = conductor.statistics().failed
-    return summarise(samples, failed)
+        capacity = {a.name: a.capacity for a in head.statistics().actors}
+    return summarise(samples, capacity, failed)
 
 
 def _window(samples: Sequence[dict[str, Any]], start: float, end: float) -> list[dict[str, Any]]:
@@ -113,7 +113,9 @@ def _window(samples: Sequence[dict[str, Any]], start: float, end: float) -> list
     return list(chosen)
 
 
-def summarise(samples: Sequence[dict[str, Any]], failed: int) -> dict[str, Any]:
+def summarise(
+    samples: Sequence[dict[str, Any]], capacity: dict[str, int], failed: int
+) -> dict[str, Any]:
     early, late = _window(samples, 0.1, 0.2), _window(samples, 0.9, 1.0)
     memory = {}
     for process in samples[0]["rss_mib"]:
@@ -125,7 +127,6 @@ def summarise(samples: Sequence[dict[str, Any]], failed: int) -> dict[str, Any]:
             "growth_mib": end - start,
             "max_mib": max(s["rss_mib"][process] for s in samples),
         }
-    capacity = samples[0]["mailbox_capacity"]
     mailboxes = {
         name: {"max": max(s["mailbox"].get(name, 0) for s in samples), "capacity": bound}
         for name, bound in capacity.items()
