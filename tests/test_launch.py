@@ -133,11 +133,21 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
 
 
 def test_policies_with_one_warm_start_recipe_start_as_copies_of_one_model(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from safetensors.torch import load_file
 
+    import actors.launch
     from actors.launch import prepare_models
+
+    warm_ups: list[int] = []
+    teach = actors.launch.teach_formats
+
+    def counted(*args: Any, **kwargs: Any) -> float:
+        warm_ups.append(kwargs["steps"])
+        return teach(*args, **kwargs)
+
+    monkeypatch.setattr(actors.launch, "teach_formats", counted)
 
     recipe = tmp_path / "per-role.toml"
     recipe.write_text(
@@ -153,6 +163,7 @@ def test_policies_with_one_warm_start_recipe_start_as_copies_of_one_model(
         (file,) = Path(paths[policy]).glob("*.safetensors")
         return load_file(file)
 
+    assert sorted(warm_ups) == [2, 3], "one warm-up per recipe, not one per policy"
     solver, verifier, corrector = (weights(p) for p in ("solver", "verifier", "corrector"))
     assert solver.keys() == verifier.keys() == corrector.keys()
     assert all(torch.equal(solver[k], verifier[k]) for k in solver)
