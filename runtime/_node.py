@@ -701,6 +701,7 @@ async def open_node(
     config: NodeConfig | None = None,
     transport: Transport | None = None,
     keys: CurveKeys | None = None,
+    advertise: str | None = None,
 ) -> AsyncIterator[Node]:
     """Run a node for the duration of the block.
 
@@ -710,7 +711,9 @@ async def open_node(
     The transport follows the address (ZeroMQ for tcp:// and ipc://); ``mem://``
     addresses need ``transport=MemoryNetwork()`` shared by the nodes of a test. With
     ``keys`` (a cluster's, from ``load_cluster_keys``) every link is authenticated and
-    encrypted with CURVE, and peers without those keys cannot connect.
+    encrypted with CURVE, and peers without those keys cannot connect. ``advertise`` is
+    the address other nodes are told to reach this one at, where that is not the one it
+    listens on (a proxy or a NAT between them).
 
     Leaving the block stops the actors, then waits up to ``shutdown_timeout`` for
     peers to acknowledge what this node sent.
@@ -731,6 +734,8 @@ async def open_node(
         async with transport.open(name, node._on_frames) as endpoint:
             node._endpoint = endpoint
             node.address = await endpoint.listen(listen)
+            if advertise is not None:
+                node.address = advertise
             async with anyio.create_task_group() as tasks:
                 node._tasks = tasks
                 tasks.start_soon(node._tick)
