@@ -55,7 +55,7 @@ from actors.evaluation import EvalReport, evaluate
 from actors.messages import Problem, ScoredSegment
 from actors.models import CheckpointError, check_model
 from actors.problems import arithmetic_problems, load_problems
-from actors.processes import open_append, open_processes
+from actors.processes import NodeProcessFailed, open_append, open_processes
 from actors.run_config import (
     EMBEDDED,
     JUDGE_POLICY,
@@ -403,19 +403,24 @@ def main() -> None:
         parser.exit(2, f"bin/launch: {error}\n")
     slurm = slurm_task() if config.cluster.hosts > 1 and not args.join else None
     try:
+        failed: list[Exception] = []
         if args.join or (slurm is not None and slurm.rank > 0):
-            _work(config, args.join, args.rank, args.run_dir, slurm)
+            try:
+                _work(config, args.join, args.rank, args.run_dir, slurm)
+            except* (RunFailed, NodeProcessFailed) as group:
+                failed.extend(_leaves(group))
+            if failed:
+                parser.exit(1, f"bin/launch: {failed[0]}\n")
             return
         run_dir = args.resume or _slurm_run_dir(config, slurm) or new_run_dir(config)
         print(f"run directory: {run_dir}", flush=True)
-        failed: list[RunFailed] = []
         with open(run_dir / "logs" / "head.jsonl", "a") as head_log:
             configure_logging("info", stream=head_log)
             try:
                 reports = anyio.run(
                     functools.partial(launch, config, run_dir, train=not args.eval), backend="trio"
                 )
-            except* RunFailed as group:
+            except* (RunFailed, NodeProcessFailed) as group:
                 failed.extend(_leaves(group))
         if failed:
             parser.exit(1, f"bin/launch: {failed[0]}\n")
@@ -425,7 +430,7 @@ def main() -> None:
     print(f"run directory: {run_dir}", flush=True)
 
 
-def _leaves(group: BaseExceptionGroup[RunFailed]) -> Iterator[RunFailed]:
+def _leaves(group: BaseExceptionGroup[Exception]) -> Iterator[Exception]:
     for error in group.exceptions:
         if isinstance(error, BaseExceptionGroup):
             yield from _leaves(error)

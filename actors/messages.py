@@ -259,6 +259,15 @@ class FlushBatch(Message, frozen=True):
     policy: str
 
 
+class WeightsWanted(Message, frozen=True):
+    """An engine that has just started asks its learner for the current weights. A
+    restarted engine serves the initial ones, and every token it samples is then too
+    stale to train on: the learner takes no step, so it would publish nothing and the
+    run would stand still. The learner sends them if the engine is behind."""
+
+    engine: str
+
+
 class LearnerProgress(Message, frozen=True):
     """Sent one-way by a learner after every step to the actors in its ``notify``
     list: the conductor's admission control follows the policies' versions by it."""

@@ -1,7 +1,13 @@
 """The node processes of a run: one per engine (``python -m actors.engines.serve``)
 and one per learner (``python -m learner.serve``), each joined to the head and logging
 JSON lines to ``RUN_DIR/logs/``. A host starts the ones ``cluster.placement`` puts on
-its rank."""
+its rank.
+
+A node process that dies while the run goes on is started again, up to
+``cluster.restarts`` times, listening on the address it had, so the peers that dial it
+reach the new one; the runtime's links resend it what the dead one never
+acknowledged. A learner resumes from its checkpoint and segment log; an engine starts
+from the policy's initial weights and asks its learner for the current ones."""
 
 from __future__ import annotations
 
@@ -26,15 +32,73 @@ async def start_node_process(
     """Start a node process that prints one ``{"ready": ...}`` JSON line once it serves;
     returns when it did (at most 600 s). Its stderr goes to ``log``; the rest of its
     stdout is drained by a task in ``tasks``."""
+    process, _ = await _start(command[2], command, log, tasks)
+    return process
+
+
+async def _start(
+    name: str, command: list[str], log: IO[bytes], tasks: anyio.abc.TaskGroup
+) -> tuple[anyio.abc.Process, str]:
+    """The started process and the address its ready line says it listens on."""
     process = await anyio.open_process(command, stderr=log)
     assert process.stdout is not None
     buffered = b""
     with anyio.fail_after(600):
-        while b'{"ready"' not in buffered:
-            chunk = await process.stdout.receive()
-            buffered += chunk
+        while (start := buffered.find(b'{"ready"')) < 0 or b"\n" not in buffered[start:]:
+            try:
+                buffered += await process.stdout.receive()
+            except anyio.EndOfStream:
+                code = await process.wait()
+                raise NodeProcessFailed(
+                    f"node process {name} exited with {code} before it served"
+                ) from None
+    line = buffered[start:].split(b"\n", 1)[0]
     tasks.start_soon(_drain, process.stdout)
-    return process
+    return process, str(msgspec.json.decode(line)["ready"])
+
+
+class NodeProcessFailed(RuntimeError):
+    """A node process died before it served, or more often than it may be restarted."""
+
+
+class SupervisedProcess:
+    """One node process of the run, the command that starts it and how often it did."""
+
+    def __init__(self, name: str, command: list[str], log: IO[bytes]) -> None:
+        assert command[-2] == "--listen", "the listen address is the command's last argument"
+        self.name = name
+        self.command = command
+        self.log = log
+        self.process: anyio.abc.Process | None = None
+        self.restarts = 0
+
+    async def start(self, tasks: anyio.abc.TaskGroup) -> None:
+        self.process, address = await _start(self.name, self.command, self.log, tasks)
+        # Started again, it listens where it did: the peers that dial it find it there.
+        self.command = [*self.command[:-1], address]
+
+    async def keep_running(
+        self, limit: int, tasks: anyio.abc.TaskGroup, stopping: anyio.Event
+    ) -> None:
+        """Start the process again each time it dies, until the run stops; raises
+        ``NodeProcessFailed`` when it died more than ``limit`` times."""
+        while True:
+            assert self.process is not None
+            code = await self.process.wait()
+            if stopping.is_set():
+                return
+            if self.restarts >= limit:
+                raise NodeProcessFailed(
+                    f"node process {self.name} exited with {code} after {self.restarts} "
+                    f"restarts (cluster.restarts = {limit})"
+                )
+            self.restarts += 1
+            print(
+                f"node process {self.name} exited with {code}; starting it again "
+                f"({self.restarts} of {limit})",
+                flush=True,
+            )
+            await self.start(tasks)
 
 
 async def _drain(stream: anyio.abc.ByteReceiveStream) -> None:
@@ -54,31 +118,44 @@ async def open_processes(
     listen: str = LOOPBACK,
 ) -> AsyncIterator[None]:
     """The node processes ``config`` places on ``rank`` (engines, and with ``learners``
-    the learners), joined to the head at ``head`` and listening on ``listen``; stopped
+    the learners), joined to the head at ``head`` and listening on ``listen``; each
+    started again when it dies (at most ``cluster.restarts`` times), and all stopped
     (stdin closed, then killed after 30 s) when the block ends."""
     logs = run_dir / "logs"
-    processes: list[anyio.abc.Process] = []
+    supervised: list[SupervisedProcess] = []
+    stopping = anyio.Event()
     with ExitStack() as files:
         async with anyio.create_task_group() as tasks:
             for name in config.node_processes(learners=learners):
                 if config.rank_of(name) != rank:
                     continue
-                command = [sys.executable, "-m", *_entry_point(config, run_dir, name, models)]
-                command += ["--head", head, "--listen", listen]
+                entry = _entry_point(config, run_dir, name, models, learners=learners)
+                command = [sys.executable, "-m", *entry]
+                command += ["--head", head]
                 if config.cluster.keys:
                     command += ["--keys", config.cluster.keys]
-                log = open_append(files, logs / f"{_file_name(name)}.jsonl")
-                processes.append(await start_node_process(command, log, tasks))
+                command += ["--listen", listen]
+                node = SupervisedProcess(
+                    name, command, open_append(files, logs / f"{_file_name(name)}.jsonl")
+                )
+                await node.start(tasks)
+                supervised.append(node)
+            for node in supervised:
+                tasks.start_soon(node.keep_running, config.cluster.restarts, tasks, stopping)
             try:
                 yield
             finally:
+                stopping.set()
                 with anyio.CancelScope(shield=True):
-                    await stop_node_processes(processes)
+                    await stop_node_processes([n.process for n in supervised if n.process])
                 tasks.cancel_scope.cancel()
 
 
-def _entry_point(config: RunConfig, run_dir: Path, name: str, models: dict[str, str]) -> list[str]:
-    """The module and arguments that run node process ``name``."""
+def _entry_point(
+    config: RunConfig, run_dir: Path, name: str, models: dict[str, str], *, learners: bool
+) -> list[str]:
+    """The module and arguments that run node process ``name``; with ``learners`` an
+    engine asks its policy's learner for the current weights once it serves."""
     kind, policy, *index = name.split("/")
     if kind == "engine":
         if policy == JUDGE_POLICY:
@@ -86,10 +163,11 @@ def _entry_point(config: RunConfig, run_dir: Path, name: str, models: dict[str, 
         else:
             settings = config.policies[policy]
             engine, threads, max_batch = settings.engine, settings.threads, settings.max_batch
+        asks = ["--learner", f"learner/{policy}"] if learners and policy != JUDGE_POLICY else []
         return [
             *("actors.engines.serve", "--policy", policy, "--model", models[policy]),
             *("--index", index[0], "--engine", engine),
-            *("--threads", str(threads), "--max-batch", str(max_batch)),
+            *("--threads", str(threads), "--max-batch", str(max_batch), *asks),
         ]
     settings = config.policies[policy]
     learner = config.learner_config(

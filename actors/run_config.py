@@ -102,6 +102,9 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Node process name (``engine/POLICY/I``, ``learner/POLICY``, ``engine/judge/0``)
     to the rank that runs it; a process not named runs on rank 0."""
     join_timeout: float = 600.0
+    restarts: int = 3
+    """How often a node process that dies is started again (each counted separately)
+    before the run stops with an error; 0: the first death stops it."""
     """How long a worker waits for the head and for a shared run directory's models."""
     keys: str = ""
     """A directory made by ``bin/launch keys DIR``, at the same path on every host: every
@@ -237,6 +240,8 @@ def _check(config: RunConfig) -> None:
     cluster = config.cluster
     if cluster.hosts < 1:
         raise ConfigError(f"$.cluster.hosts: at least 1, got {cluster.hosts}")
+    if cluster.restarts < 0:
+        raise ConfigError(f"$.cluster.restarts: at least 0, got {cluster.restarts}")
     if cluster.hosts > 1 and not cluster.keys:
         raise ConfigError(
             "$.cluster.keys: a run over several hosts needs keys; create them with "

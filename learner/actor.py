@@ -28,11 +28,13 @@ from actors.engines.weights import to_buckets
 from actors.messages import (
     BroadcastWeights,
     FlushBatch,
+    GetEngineStats,
     GetLearnerStats,
     JoinWeightGroup,
     LearnerProgress,
     LearnerStats,
     ScoredSegment,
+    WeightsWanted,
 )
 from learner.checkpoints import latest_checkpoint, read_checkpoint, write_checkpoint
 from learner.segment_log import Record, SegmentLog, read_segments
@@ -43,7 +45,7 @@ _LOG = "segments.log"
 
 
 class LearnerActor(Actor):
-    inbox = ScoredSegment | FlushBatch | GetLearnerStats
+    inbox = ScoredSegment | FlushBatch | GetLearnerStats | WeightsWanted
     mailbox_size = 256
 
     def __init__(self, model: Any, config: LearnerConfig) -> None:
@@ -117,10 +119,13 @@ class LearnerActor(Actor):
             self._log.close()
 
     async def handle(
-        self, message: ScoredSegment | FlushBatch | GetLearnerStats
+        self, message: ScoredSegment | FlushBatch | GetLearnerStats | WeightsWanted
     ) -> LearnerStats | None:
         if isinstance(message, GetLearnerStats):
             return self.statistics()
+        if isinstance(message, WeightsWanted):
+            await self._bring_up_to_date(message.engine)
+            return None
         flushed = isinstance(message, FlushBatch)
         if isinstance(message, FlushBatch):
             batch = self.trainer.flush()
@@ -180,8 +185,34 @@ class LearnerActor(Actor):
         if len(applied) == len(self.config.engines):
             self.published = version
 
+    async def _bring_up_to_date(self, engine: str) -> None:
+        """Send the current weights, as messages, to ``engine`` if it is behind them
+        (whatever ``sync_backend`` is: the weight group of a broadcast lost the engine
+        when its process died, and the next publication forms a new one)."""
+        if engine not in self.config.engines or self.trainer.version == 0:
+            return
+        timeout = self.config.sync_timeout
+        try:
+            ref = await self.lookup(engine, timeout=timeout)
+            stats = await self.call(ref, GetEngineStats(), timeout=timeout)
+        except Exception as error:
+            self._sync_failed(engine, self.trainer.version, error)
+            return
+        if stats.version >= self.trainer.version:
+            return
+        self.node.log.info(
+            "engine_behind", engine=engine, version=stats.version, learner=self.trainer.version
+        )
+        named = list(self.trainer.model.state_dict().items())
+        if await self._publish_messages(self.trainer.version, named, engines=[engine]):
+            self.applied[engine] = self.trainer.version
+
     async def _publish_messages(
-        self, version: int, named: list[tuple[str, torch.Tensor]]
+        self,
+        version: int,
+        named: list[tuple[str, torch.Tensor]],
+        *,
+        engines: list[str] | None = None,
     ) -> list[str]:
         buckets = to_buckets(
             self.config.policy, version, named, bucket_bytes=self.config.sync_bucket_bytes
@@ -200,7 +231,7 @@ class LearnerActor(Actor):
                 self._sync_failed(name, version, error)
 
         async with anyio.create_task_group() as tasks:
-            for name in self.config.engines:
+            for name in self.config.engines if engines is None else engines:
                 tasks.start_soon(push, name)
         return applied
 

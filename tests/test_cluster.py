@@ -52,6 +52,7 @@ def test_slurm_environment_gives_rank_and_head() -> None:
         (["cluster.placement={'engine/critic/0' = 1}"], r"\$\.cluster\.placement\.engine/critic/0"),
         (["cluster.placement={'engine/team/0' = 1}"], r"rank 1 is not in 0\.\.0"),
         (["cluster.hosts=0"], r"\$\.cluster\.hosts"),
+        (["cluster.restarts=-1"], r"\$\.cluster\.restarts: at least 0"),
         (["cluster.hosts=2"], r"\$\.cluster\.keys: a run over several hosts needs keys"),
         (["cluster.keys='/none'"], r"\$\.cluster\.keys: /none: no cluster\.key_secret"),
     ],

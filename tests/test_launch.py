@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,68 @@ def test_a_killed_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     ]
     assert resumed and resumed[-1]["version"] >= killed_at
     assert json.loads((run_dir / "eval.json").read_text())["end"]["problems"] == 2
+
+
+def node_process(launcher: int, module: str) -> int | None:
+    """The pid of the launcher's child process running ``module``, if one runs."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(fields[1]) == launcher and module.encode() in command and fields[0] != "Z":
+            return int(stat.parent.name)
+    return None
+
+
+def newest_checkpoint(runs: Path) -> int:
+    written = runs.glob("*/checkpoints/team/step-*")
+    return max((int(p.name.removeprefix("step-")) for p in written), default=-1)
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_node_processes_killed_mid_run_are_started_again_and_the_run_ends(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL the engine process, then the learner process, each once the learner has
+    written a checkpoint past a step: the launcher starts each again, the learner resumes from
+    its checkpoint, and the run ends at its target with its evaluation."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "actors.launch", *short_run(tmp_path, 40)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    runs = tmp_path / "runs"
+    try:
+        for step, module in ((4, "actors.engines.serve"), (12, "learner.serve")):
+            wait_for(lambda s=step: newest_checkpoint(runs) >= s, f"checkpoint of step {step}")
+            pid = node_process(process.pid, module)
+            assert pid is not None, f"no {module} process"
+            os.kill(pid, signal.SIGKILL)
+        stdout, _ = process.communicate(timeout=600)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 0, stdout[-3000:]
+    assert "node process engine/team/0 exited with -9; starting it again (1 of 3)" in stdout
+    assert "node process learner/team exited with -9; starting it again (1 of 3)" in stdout
+    assert "after 40 RL batches" in stdout
+    (run_dir,) = runs.iterdir()
+    log = (run_dir / "logs" / "learner-team.jsonl").read_text().splitlines()
+    resumed = [json.loads(line) for line in log if '"learner_resumed"' in line]
+    assert resumed and resumed[-1]["version"] >= 12
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(

@@ -21,8 +21,17 @@ import anyio.to_thread
 import torch
 
 from actors.engines.base import EngineActor, EngineCore
+from actors.messages import WeightsWanted
 from actors.models import check_checkpoint, load_checkpoint
-from runtime import configure_logging, load_cluster_keys, open_node, wait_until_stopped
+from runtime import (
+    ActorNotFound,
+    Node,
+    PeerUnavailable,
+    configure_logging,
+    load_cluster_keys,
+    open_node,
+    wait_until_stopped,
+)
 
 
 @asynccontextmanager
@@ -53,10 +62,24 @@ async def serve(args: argparse.Namespace) -> None:
     async with (
         open_node(name, listen=args.listen, head=args.head, keys=keys) as node,
         open_engine(args.engine, args.model, policy=args.policy, max_batch=args.max_batch) as core,
+        anyio.create_task_group() as tasks,
     ):
         await node.spawn(name, lambda: EngineActor(core))
         print(json.dumps({"ready": node.address, "name": name}), flush=True)
+        if args.learner:
+            tasks.start_soon(ask_for_weights, node, name, args.learner)
         await wait_until_stopped()
+        tasks.cancel_scope.cancel()
+
+
+async def ask_for_weights(node: Node, engine: str, learner: str) -> None:
+    """Tell ``learner`` this engine started, so that it sends its current weights if it
+    has trained past the ones loaded (a restarted process); it may start after the
+    engine, so this waits up to 600 s for it to register."""
+    try:
+        await node.send(await node.lookup(learner, timeout=600), WeightsWanted(engine))
+    except (ActorNotFound, PeerUnavailable) as error:
+        node.log.warning("weights_not_asked_for", learner=learner, error=repr(error))
 
 
 def main() -> None:
@@ -68,6 +91,7 @@ def main() -> None:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--listen", default="tcp://127.0.0.1:*")
     parser.add_argument("--keys", default="", help="the cluster's CURVE keys directory")
+    parser.add_argument("--learner", default="", help="the learner to ask for weights")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--max-batch", type=int, default=64, help="rows decoded together")
     parser.add_argument("--log-level", default="info")

@@ -15,7 +15,7 @@ import torch
 from actors.engines import EngineActor
 from actors.engines.torch_engine import TorchEngine, open_torch_engine
 from actors.engines.weight_group import bucket_layout, check_specs, specs_of
-from actors.messages import GetLearnerStats, TensorSpec
+from actors.messages import GetLearnerStats, TensorSpec, WeightsWanted
 from actors.models import load_checkpoint
 from learner.actor import LearnerActor
 from learner.trainer import LearnerConfig
@@ -107,6 +107,47 @@ async def test_a_missing_engine_times_out_by_name_and_the_learner_goes_on(
     assert stats.engines.get("engine/p/gone") is None
     if backend == "messages":
         assert stats.engines == {"engine/p/0": 2}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("backend", ["messages", "gloo"])
+async def test_a_restarted_engine_that_asks_gets_the_current_weights(
+    tiny_path: Path, backend: str
+) -> None:
+    """An engine started again serves its initial weights; the tokens it samples are
+    too stale to train on, so no step would come to publish newer ones. Asked, the
+    learner sends the current weights to that engine, and only to an engine behind."""
+    config = LearnerConfig(
+        policy="p",
+        lr=1e-3,
+        groups_per_batch=1,
+        engines=["engine/p/0", "engine/p/1"],
+        sync_backend=backend,  # type: ignore[arg-type]
+        sync_timeout=60,
+    )
+    model = load_checkpoint(tiny_path).model
+    async with (
+        open_cluster("head", "learner") as (head, node),
+        engines_on(head, tiny_path, 2) as cores,
+        open_torch_engine(load_checkpoint(tiny_path), policy="p") as restarted,
+    ):
+        learner = await node.spawn("learner/p", lambda: LearnerActor(model, config))
+        await train_steps(head, "learner/p", 2)
+        await head.call(learner, GetLearnerStats(), timeout=120)
+        await head.stop("engine/p/1")
+        await head.spawn("engine/p/1", lambda: EngineActor(restarted))
+        with structlog.testing.capture_logs() as logs:
+            await head.send(learner, WeightsWanted("engine/p/0"))
+            await head.send(learner, WeightsWanted("engine/p/1"))
+            stats = await head.call(learner, GetLearnerStats(), timeout=120)
+    assert [e["engine"] for e in logs if e["event"] == "engine_behind"] == ["engine/p/1"]
+    assert not [e for e in logs if e["event"] == "weight_sync_failed"]
+    assert restarted.version == 2 and restarted.statistics().updates == 1
+    assert cores[0].statistics().updates == 2  # it was current: nothing sent again
+    assert stats.engines == {"engine/p/0": 2, "engine/p/1": 2}
+    learned = model.state_dict()
+    for name, tensor in restarted.model.state_dict().items():
+        assert torch.equal(tensor, learned[name]), name
 
 
 def test_both_ends_lay_out_buckets_alike_and_specs_are_checked_before_receiving() -> None:
