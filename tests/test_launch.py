@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -220,18 +219,24 @@ def short_run(tmp_path: Path, steps: int) -> list[str]:
     ]
 
 
+def start_short_run(tmp_path: Path, steps: int, *, stdout: int) -> subprocess.Popen[str]:
+    """The launcher on a short run, in a session of its own (so a test can kill it whole)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "actors.launch", *short_run(tmp_path, steps)],
+        cwd=ROOT,
+        stdout=stdout,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+
+
 @pytest.mark.slow
 def test_a_killed_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     """SIGKILL the launcher and every node process it started once the learner has
     written a checkpoint; ``--resume`` restores the learner from it and the run ends at
     its target."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "actors.launch", *short_run(tmp_path, 10)],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    process = start_short_run(tmp_path, 10, stdout=subprocess.DEVNULL)
     checkpoints = tmp_path / "runs"
     deadline = time.monotonic() + 300
     try:
@@ -276,10 +281,10 @@ def newest_checkpoint(runs: Path) -> int:
     return max((int(p.name.removeprefix("step-")) for p in written), default=-1)
 
 
-def wait_for(condition: Callable[[], object], what: str, timeout: float = 300) -> None:
+def wait_for_checkpoint(runs: Path, step: int, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+    while newest_checkpoint(runs) < step:
+        assert time.monotonic() < deadline, f"no checkpoint of step {step} within {timeout} s"
         time.sleep(0.2)
 
 
@@ -288,20 +293,13 @@ def test_node_processes_killed_mid_run_are_started_again_and_the_run_ends(
     tmp_path: Path,
 ) -> None:
     """SIGKILL the engine process, then the learner process, each once the learner has
-    written a checkpoint past a step: the launcher starts each again, the learner resumes from
-    its checkpoint, and the run ends at its target with its evaluation."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "actors.launch", *short_run(tmp_path, 40)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
+    written a checkpoint past a step: the launcher starts each again, the learner
+    resumes from its checkpoint, and the run ends at its target with its evaluation."""
+    process = start_short_run(tmp_path, 40, stdout=subprocess.PIPE)
     runs = tmp_path / "runs"
     try:
         for step, module in ((4, "actors.engines.serve"), (12, "learner.serve")):
-            wait_for(lambda s=step: newest_checkpoint(runs) >= s, f"checkpoint of step {step}")
+            wait_for_checkpoint(runs, step)
             pid = node_process(process.pid, module)
             assert pid is not None, f"no {module} process"
             os.kill(pid, signal.SIGKILL)
