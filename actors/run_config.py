@@ -102,10 +102,10 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Node process name (``engine/POLICY/I``, ``learner/POLICY``, ``engine/judge/0``)
     to the rank that runs it; a process not named runs on rank 0."""
     join_timeout: float = 600.0
+    """How long a worker waits for the head and for a shared run directory's models."""
     restarts: int = 3
     """How often a node process that dies is started again (each counted separately)
     before the run stops with an error; 0: the first death stops it."""
-    """How long a worker waits for the head and for a shared run directory's models."""
     keys: str = ""
     """A directory made by ``bin/launch keys DIR``, at the same path on every host: every
     link between the run's nodes is then authenticated and encrypted with ZeroMQ CURVE,

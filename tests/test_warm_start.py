@@ -12,20 +12,16 @@ from rewards.answers import extract_answer
 def _corrector_examples(correct: float) -> list[tuple[str, str, str]]:
     """(reference answer, the review's result, the target's answer) of every Corrector
     example."""
-    problems = {p.text: p.answer for p in arithmetic_problems(500, difficulty=2)}
-    examples = format_examples(
-        ["solver", "verifier", "corrector"],
-        list(arithmetic_problems(500, difficulty=2)),
-        3000,
-        correct=correct,
-        seed=0,
-    )
+    problems = arithmetic_problems(500, difficulty=2)
+    answers = {p.text: p.answer for p in problems}
+    roles = ["solver", "verifier", "corrector"]
+    examples = format_examples(roles, problems, 3000, correct=correct, seed=0)
     rows = []
     for chat, target in examples:
         if len(chat) != 4:
             continue
         (review,) = re.findall(r"\\boxed\{(\d+)\}", chat[3].content)
-        rows.append((problems[chat[1].content], review, extract_answer(target) or ""))
+        rows.append((answers[chat[1].content], review, extract_answer(target) or ""))
     return rows
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 import structlog
 import torch
@@ -37,6 +39,22 @@ async def engines_on(node: Node, tiny_path: Path, count: int) -> AsyncIterator[l
         yield cores
 
 
+def two_engines(backend: str, **settings: Any) -> LearnerConfig:
+    """A learner of policy ``p`` that steps on every group and publishes to two engines."""
+    return msgspec.convert(
+        {
+            "policy": "p",
+            "lr": 1e-3,
+            "groups_per_batch": 1,
+            "engines": ["engine/p/0", "engine/p/1"],
+            "sync_backend": backend,
+            "sync_timeout": 60,
+            **settings,
+        },
+        LearnerConfig,
+    )
+
+
 async def train_steps(node: Node, learner_name: str, steps: int) -> None:
     learner = await node.lookup(learner_name, timeout=5)
     for step in range(steps):
@@ -47,15 +65,7 @@ async def train_steps(node: Node, learner_name: str, steps: int) -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("backend", ["messages", "gloo"])
 async def test_every_engine_gets_every_version(tiny_path: Path, backend: str) -> None:
-    config = LearnerConfig(
-        policy="p",
-        lr=1e-3,
-        groups_per_batch=1,
-        engines=["engine/p/0", "engine/p/1"],
-        sync_backend=backend,  # type: ignore[arg-type]
-        sync_timeout=60,
-        sync_bucket_bytes=256 << 10,
-    )
+    config = two_engines(backend, sync_bucket_bytes=256 << 10)
     model = load_checkpoint(tiny_path).model
     async with (
         open_cluster("head", "learner") as (head, node),
@@ -117,14 +127,7 @@ async def test_a_restarted_engine_that_asks_gets_the_current_weights(
     """An engine started again serves its initial weights; the tokens it samples are
     too stale to train on, so no step would come to publish newer ones. Asked, the
     learner sends the current weights to that engine, and only to an engine behind."""
-    config = LearnerConfig(
-        policy="p",
-        lr=1e-3,
-        groups_per_batch=1,
-        engines=["engine/p/0", "engine/p/1"],
-        sync_backend=backend,  # type: ignore[arg-type]
-        sync_timeout=60,
-    )
+    config = two_engines(backend)
     model = load_checkpoint(tiny_path).model
     async with (
         open_cluster("head", "learner") as (head, node),
