@@ -28,9 +28,11 @@ from collections.abc import Awaitable, Callable, Iterator
 import anyio
 import msgspec
 
+from actors.ledger import LedgerWriter
 from actors.messages import (
     AgentOutput,
     FlushBatch,
+    GetLearnerStats,
     LearnerProgress,
     Problem,
     SamplingParams,
@@ -67,6 +69,12 @@ class ConductorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The run stops with an error after this many episodes failed one after another:
     an engine refusing every request (a prompt too long for the model, a dead engine)
     would otherwise have admission start and fail episodes for ever."""
+    failure_backoff: float = 0.1
+    """Seconds admission pauses after an episode failed, doubling with each failure in
+    a row up to ``failure_backoff_max``: a node process being started again (an engine
+    takes seconds to load) fails every episode meanwhile, and without the pause the
+    run would spend ``max_failures_in_a_row`` on it within a second."""
+    failure_backoff_max: float = 5.0
 
 
 class RoleStats(Message, frozen=True):
@@ -125,13 +133,19 @@ class Conductor(Actor):
         on_scored: Callable[[ScoredSegment], None] | None = None,
         sandbox: Callable[[str], Awaitable[str]] | None = None,
         seed: int = 0,
+        ledger: LedgerWriter | None = None,
+        again: dict[str, str] | None = None,
     ) -> None:
         """``policies`` maps each role to its policy, ``agents`` each role to its agent
         actor, ``learners`` each policy to its learner actor; ``on_scored`` sees every
         scored action on its way to the learner (the launcher samples texts with it);
         ``sandbox`` runs an executor's code (default: ``rewards.sandbox``); ``seed``
-        seeds the selections."""
+        seeds the selections. ``ledger`` records each problem admitted and how its
+        episode ended; ``again`` maps the ids of problems a killed run left unfinished,
+        admitted again under a new id, to their old ids (``actors.ledger``)."""
         self.on_scored = on_scored
+        self.ledger = ledger
+        self.again = again or {}
         self.config = config
         self.problems = problems
         self.policies = policies
@@ -154,6 +168,9 @@ class Conductor(Actor):
         self._accuracy: deque[float] = deque(maxlen=64)
         self._waiting = False
         self._began = time.monotonic()
+        self._batches_at_start = 0
+        """Where the learners stood when ``run`` began (a resumed run's checkpoint):
+        admission counts the batches since, as it counts the problems it started."""
         self.failed = 0
         self._failures_in_a_row = 0
         self._last_failure = ""
@@ -203,6 +220,9 @@ class Conductor(Actor):
         running then are cancelled."""
         await self.connect()
         self._began = time.monotonic()
+        self._batches_at_start = min(self.batches.values(), default=0)
+        if self.ledger is not None:
+            self.ledger.write("launch", steps=until_batches)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._admit, tasks)
             await self.wait_for_batches(until_batches)
@@ -224,20 +244,24 @@ class Conductor(Actor):
         return self._failures_in_a_row >= self.config.max_failures_in_a_row
 
     async def connect(self) -> None:
-        """Look the agents and learners up (``run`` does this first)."""
+        """Look the agents and learners up, and read each learner's version and batches:
+        those of a resumed run start from its checkpoint (``run`` does this first)."""
         timeout = self.config.task_timeout
         for role, name in self.agent_names.items():
             self._agents[role] = await self.lookup(name, timeout=timeout)
         for policy, name in self.learner_names.items():
-            self._learners[policy] = await self.lookup(name, timeout=timeout)
+            ref = self._learners[policy] = await self.lookup(name, timeout=timeout)
+            stats = await self.call(ref, GetLearnerStats(), timeout=timeout)
+            self.versions[policy] = max(self.versions[policy], stats.version)
+            batches = stats.steps + stats.skipped_batches
+            self.batches[policy] = max(self.batches[policy], batches)
 
     async def _admit(self, tasks: anyio.abc.TaskGroup) -> None:
         config = self.config
         for problem in self.problems:
             while (
                 self.started
-                >= (config.max_staleness + min(self.batches.values(), default=0) + 1)
-                * config.problems_per_step
+                >= (config.max_staleness + self._batches_since_start + 1) * config.problems_per_step
                 or self.started - self.finished >= config.max_in_flight
             ):
                 self._waiting = True
@@ -250,8 +274,27 @@ class Conductor(Actor):
                         break
                 await self._wait_for_change()
             self._waiting = False
+            if self._failures_in_a_row:
+                await anyio.sleep(self._backoff())
             self.started += 1
+            if self.ledger is not None:
+                again = self.again.get(problem.problem_id)
+                self.ledger.write(
+                    "admitted",
+                    problem=problem.problem_id,
+                    again=again,
+                    input=msgspec.to_builtins(problem),
+                )
             tasks.start_soon(self._episode, problem)
+
+    def _backoff(self) -> float:
+        config = self.config
+        doublings = min(self._failures_in_a_row - 1, 32)
+        return min(config.failure_backoff * 2.0**doublings, config.failure_backoff_max)
+
+    @property
+    def _batches_since_start(self) -> int:
+        return min(self.batches.values(), default=0) - self._batches_at_start
 
     async def _flush_learners(self) -> None:
         """Nothing runs and admission waits for a batch: the data already sent cannot
@@ -275,17 +318,22 @@ class Conductor(Actor):
         self._changed = anyio.Event()
 
     async def _episode(self, problem: Problem) -> None:
+        ended = "cancelled"  # unless it finishes or fails: the run reached its target
         try:
             accuracy = await self._workflow(self, problem, self._context)
             self._accuracy.append(accuracy)
             self._failures_in_a_row = 0
+            ended = "finished"
         except Exception as error:
+            ended = "failed"
             self.failed += 1
             self._failures_in_a_row += 1
             self._last_failure = repr(error)
             self.node.log.error("episode_failed", problem=problem.problem_id, error=repr(error))
         finally:
             self.finished += 1
+            if self.ledger is not None:
+                self.ledger.write("ended", problem=problem.problem_id, how=ended)
             self._announce_change()
 
     # -- the Team interface the workflows use ---------------------------------------------

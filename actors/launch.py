@@ -30,9 +30,9 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import anyio
 import anyio.abc
@@ -52,6 +52,7 @@ from actors.cluster import (
 from actors.conductor import Conductor, ConductorStats, RunFailed
 from actors.engines.weights import to_buckets
 from actors.evaluation import EvalReport, evaluate
+from actors.ledger import CONDUCTOR, LedgerWriter, audit_problems, read_ledger, readmissions
 from actors.messages import Problem, ScoredSegment
 from actors.models import CheckpointError, check_model
 from actors.problems import arithmetic_problems, load_problems
@@ -204,10 +205,36 @@ async def launch(config: RunConfig, run_dir: Path, *, train: bool = True) -> dic
     """Train until every learner has taken ``train.steps`` steps (``train`` False: only
     evaluate the newest checkpoints), then evaluate on the held-out split."""
     models = await anyio.to_thread.run_sync(prepare_models, config, run_dir)
-    problems = endless(problems_of(config, "train"), config.seed)
+    ledger_path = run_dir / "ledger" / CONDUCTOR
+    problems, again = problem_stream(config, read_ledger(ledger_path))
     with ExitStack() as files:
         samples = open_append(files, run_dir / "samples.jsonl")
-        return await _run(config, run_dir, models, problems, train, _sampler(samples))
+        ledger = files.enter_context(closing(LedgerWriter(ledger_path))) if train else None
+        conductor = functools.partial(
+            Conductor,
+            config.conductor,
+            problems,
+            policies=dict(config.roles),
+            agents={role: f"agent/{role}" for role in config.roles},
+            learners={policy: f"learner/{policy}" for policy in config.policies} if train else {},
+            on_scored=_sampler(samples),
+            seed=config.seed,
+            ledger=ledger,
+            again=again,
+        )
+        return await _run(config, run_dir, models, conductor, train)
+
+
+def problem_stream(
+    config: RunConfig, records: list[dict[str, Any]]
+) -> tuple[Iterator[Problem], dict[str, str]]:
+    """The training problems of a run whose conductor ledger holds ``records``: first
+    those a killed launch left unfinished, admitted again (``readmissions``), then the
+    endless stream from where the last launch stopped drawing."""
+    again, renamed = readmissions(records)
+    drawn = audit_problems(records).drawn
+    stream = endless(problems_of(config, "train"), config.seed)
+    return itertools.chain(again, itertools.islice(stream, drawn, None)), renamed
 
 
 def _sampler(out: IO[bytes], every: int = 16) -> Callable[[ScoredSegment], None]:
@@ -235,14 +262,19 @@ async def _run(
     config: RunConfig,
     run_dir: Path,
     models: dict[str, str],
-    problems: Iterator[Problem],
+    new_conductor: Callable[..., Conductor],
     train: bool,
-    sampler: Callable[[ScoredSegment], None],
 ) -> dict[str, EvalReport]:
     async with (
         open_node("head", listen=head_listen(config), keys=config.cluster_keys()) as head,
         open_processes(
-            config, run_dir, head.address, models, learners=train, listen=node_listen(config)
+            config,
+            run_dir,
+            head.address,
+            models,
+            learners=train,
+            listen=node_listen(config),
+            answering=head.peer_is_up,
         ),
     ):
         for role, policy in config.roles.items():
@@ -250,16 +282,7 @@ async def _run(
             sampling = config.sampling_for(role)
             agent = functools.partial(AgentActor, role, policy, engines, sampling=sampling)
             await head.spawn(f"agent/{role}", agent)
-        conductor = Conductor(
-            config.conductor,
-            problems,
-            policies=dict(config.roles),
-            agents={role: f"agent/{role}" for role in config.roles},
-            learners={policy: f"learner/{policy}" for policy in config.policies} if train else {},
-            judge=await open_judge(config, head),
-            on_scored=sampler,
-            seed=config.seed,
-        )
+        conductor = new_conductor(judge=await open_judge(config, head))
         await head.spawn("conductor", lambda: conductor)
         held_out = problems_of(config, "test")[: config.eval.problems]
         assess = functools.partial(
@@ -271,11 +294,15 @@ async def _run(
             executor_turns=config.conductor.executor_turns,
             review="verifier" in config.roles,
         )
+        saved = saved_reports(run_dir)
         reports: dict[str, EvalReport] = {}
-        if train and config.eval.before:
+        if train and "start" in saved:  # a resumed run: its start was measured before
+            reports["start"] = saved["start"]
+        elif train and config.eval.before:
             await conductor.connect()
             print(f"evaluating on {len(held_out)} held-out problems before RL ...", flush=True)
             reports["start"] = await assess()
+            save_reports(run_dir, {**saved, **reports})
         if train:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(_report, conductor, config, run_dir)
@@ -286,9 +313,21 @@ async def _run(
             await _load_newest_checkpoints(head, config, run_dir)
         print(f"evaluating on {len(held_out)} held-out problems ...", flush=True)
         reports["end" if train else "checkpoint"] = await assess()
+    save_reports(run_dir, {**saved, **reports})
+    return reports
+
+
+def saved_reports(run_dir: Path) -> dict[str, EvalReport]:
+    """The evaluations in ``RUN_DIR/eval.json``, by when they were made."""
+    path = run_dir / "eval.json"
+    if not path.is_file():
+        return {}
+    return msgspec.json.decode(path.read_bytes(), type=dict[str, EvalReport])
+
+
+def save_reports(run_dir: Path, reports: dict[str, EvalReport]) -> None:
     record = {when: dataclasses.asdict(report) for when, report in reports.items()}
     (run_dir / "eval.json").write_text(json.dumps(record, indent=1))
-    return reports
 
 
 async def _load_newest_checkpoints(head: Node, config: RunConfig, run_dir: Path) -> None:

@@ -12,15 +12,16 @@ from the policy's initial weights and asks its learner for the current ones."""
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, NamedTuple
 
 import anyio
 import anyio.abc
 import msgspec
 
+from actors.ledger import learner_ledger
 from actors.run_config import JUDGE_POLICY, RunConfig
 
 LOOPBACK = "tcp://127.0.0.1:*"
@@ -78,13 +79,22 @@ class SupervisedProcess:
         self.command = [*self.command[:-1], address]
 
     async def keep_running(
-        self, limit: int, tasks: anyio.abc.TaskGroup, stopping: anyio.Event
+        self,
+        limit: int,
+        tasks: anyio.abc.TaskGroup,
+        stopping: anyio.Event,
+        hung: Hung | None = None,
     ) -> None:
         """Start the process again each time it dies, until the run stops; raises
-        ``NodeProcessFailed`` when it died more than ``limit`` times."""
+        ``NodeProcessFailed`` when it died more than ``limit`` times. With ``hung``, a
+        process that stops answering is killed, and so started again."""
         while True:
             assert self.process is not None
-            code = await self.process.wait()
+            async with anyio.create_task_group() as watching:
+                if hung is not None:
+                    watching.start_soon(self._kill_when_hung, self.process, hung, stopping)
+                code = await self.process.wait()
+                watching.cancel_scope.cancel()
             if stopping.is_set():
                 return
             if self.restarts >= limit:
@@ -99,6 +109,34 @@ class SupervisedProcess:
                 flush=True,
             )
             await self.start(tasks)
+            print(f"node process {self.name} serves again", flush=True)
+
+    async def _kill_when_hung(
+        self, process: anyio.abc.Process, hung: Hung, stopping: anyio.Event
+    ) -> None:
+        silent_since: float | None = None
+        while not stopping.is_set():
+            await anyio.sleep(min(1.0, hung.after / 4))
+            if hung.answering(self.name):
+                silent_since = None
+                continue
+            now = anyio.current_time()
+            silent_since = now if silent_since is None else silent_since
+            if now - silent_since >= hung.after:
+                print(
+                    f"node process {self.name} has not answered for {hung.after:g} s; killing it",
+                    flush=True,
+                )
+                process.kill()
+                return
+
+
+class Hung(NamedTuple):
+    """How to tell a hung node process: ``answering(name)`` is False while the head's
+    heartbeats declare the node down; ``after`` is the grace in seconds."""
+
+    answering: Callable[[str], bool]
+    after: float
 
 
 async def _drain(stream: anyio.abc.ByteReceiveStream) -> None:
@@ -116,11 +154,14 @@ async def open_processes(
     learners: bool,
     rank: int = 0,
     listen: str = LOOPBACK,
+    answering: Callable[[str], bool] | None = None,
 ) -> AsyncIterator[None]:
     """The node processes ``config`` places on ``rank`` (engines, and with ``learners``
     the learners), joined to the head at ``head`` and listening on ``listen``; each
-    started again when it dies (at most ``cluster.restarts`` times), and all stopped
-    (stdin closed, then killed after 30 s) when the block ends."""
+    started again when it dies (at most ``cluster.restarts`` times) or, given
+    ``answering`` (whether a node answers the caller's heartbeats), when it stopped
+    answering for ``cluster.hung_after`` seconds; all stopped (stdin closed, then
+    killed after 30 s) when the block ends."""
     logs = run_dir / "logs"
     supervised: list[SupervisedProcess] = []
     stopping = anyio.Event()
@@ -140,8 +181,10 @@ async def open_processes(
                 )
                 await node.start(tasks)
                 supervised.append(node)
+            after = config.cluster.hung_after
+            hung = Hung(answering, after) if answering is not None and after > 0 else None
             for node in supervised:
-                tasks.start_soon(node.keep_running, config.cluster.restarts, tasks, stopping)
+                tasks.start_soon(node.keep_running, config.cluster.restarts, tasks, stopping, hung)
             try:
                 yield
             finally:
@@ -176,6 +219,7 @@ def _entry_point(
         notify=["conductor"],
         checkpoint_dir=str(run_dir / "checkpoints" / policy),
         checkpoint_every=config.train.checkpoint_every,
+        ledger=str(run_dir / "ledger" / learner_ledger(policy)),
     )
     return [
         *("learner.serve", "--model", models[policy], "--threads", str(settings.threads)),

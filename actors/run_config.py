@@ -106,6 +106,11 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     restarts: int = 3
     """How often a node process that dies is started again (each counted separately)
     before the run stops with an error; 0: the first death stops it."""
+    hung_after: float = 30.0
+    """Seconds a node process on the head's host may be declared down by the head's
+    heartbeats (hung: SIGSTOPped, or stuck outside Python) while it lives before it is
+    killed and started again like one that died; 0: never. Calls to it fail after the
+    heartbeat timeout (5 s) already; the grace spares a process only starved of CPU."""
     keys: str = ""
     """A directory made by ``bin/launch keys DIR``, at the same path on every host: every
     link between the run's nodes is then authenticated and encrypted with ZeroMQ CURVE,
@@ -242,6 +247,8 @@ def _check(config: RunConfig) -> None:
         raise ConfigError(f"$.cluster.hosts: at least 1, got {cluster.hosts}")
     if cluster.restarts < 0:
         raise ConfigError(f"$.cluster.restarts: at least 0, got {cluster.restarts}")
+    if cluster.hung_after < 0:
+        raise ConfigError(f"$.cluster.hung_after: at least 0, got {cluster.hung_after}")
     if cluster.hosts > 1 and not cluster.keys:
         raise ConfigError(
             "$.cluster.keys: a run over several hosts needs keys; create them with "

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from actors.engines.weight_group import GroupAddress, WeightGroup, specs_of
 from actors.engines.weights import to_buckets
+from actors.ledger import LedgerWriter
 from actors.messages import (
     BroadcastWeights,
     FlushBatch,
@@ -57,12 +58,15 @@ class LearnerActor(Actor):
         self._group: WeightGroup | None = None
         self._groups_formed = 0
         self._log: SegmentLog | None = None
+        self._ledger: LedgerWriter | None = None
         self.train_s = 0.0
         self.publish_s = 0.0
 
     async def on_start(self) -> None:
         """Resume from ``checkpoint_dir``; engines that restarted with the run get the
         resumed version at once, not only after the next step."""
+        if self.config.ledger:
+            self._ledger = LedgerWriter(self.config.ledger)
         if self.config.checkpoint_dir:
             await anyio.to_thread.run_sync(self._resume)
             if self.trainer.version > 0 and self.config.engines:
@@ -85,11 +89,13 @@ class LearnerActor(Actor):
         log_path = root / _LOG
         if log_path.is_file():
             replay.extend(read_segments(log_path))
+        if self._ledger is not None and (latest is not None or replay):
+            self._ledger.write("resumed", version=trainer.version, consumed=len(trainer.consumed))
         for scored in replay:
             if isinstance(scored, FlushBatch):
                 flushed = trainer.flush()
                 if flushed is not None:
-                    trainer.train(flushed)
+                    self._train(flushed)
                 continue
             try:
                 batch = trainer.admit(scored)
@@ -100,7 +106,7 @@ class LearnerActor(Actor):
                     )
                 continue
             if batch is not None:
-                trainer.train(batch)
+                self._train(batch)
         self._log = SegmentLog(log_path)
         if latest is not None or replay:
             self.node.log.info(
@@ -117,6 +123,10 @@ class LearnerActor(Actor):
             self._group.close()
         if self._log is not None:
             self._log.close()
+        if self._ledger is not None:
+            held = [s.segment.segment_id for s in self.trainer.held_segments()]
+            self._ledger.write("stopped", version=self.trainer.version, held=held)
+            self._ledger.close()
 
     async def handle(
         self, message: ScoredSegment | FlushBatch | GetLearnerStats | WeightsWanted
@@ -137,6 +147,10 @@ class LearnerActor(Actor):
                 batch = self.trainer.admit(message)
             except Rejected as refused:
                 self.trainer.rejected[refused.reason] += 1
+                if self._ledger is not None:
+                    self._ledger.write(
+                        "rejected", segment=message.segment.segment_id, reason=refused.reason
+                    )
                 self.node.log.warning(
                     "segment_rejected",
                     learner=self.name,
@@ -147,11 +161,13 @@ class LearnerActor(Actor):
         if self._log is not None:
             # On disk before the handler returns, that is before the sender forgets it.
             await anyio.to_thread.run_sync(self._log.append, message)
+        if self._ledger is not None and isinstance(message, ScoredSegment):
+            self._ledger.write("accepted", segment=message.segment.segment_id)
         if batch is None:
             return None
         before = self.trainer.version
         started = time.monotonic()
-        metrics = await anyio.to_thread.run_sync(self.trainer.train, batch)
+        metrics = await anyio.to_thread.run_sync(self._train, batch)
         self.train_s += time.monotonic() - started
         if self.trainer.version == before:
             self.node.log.info("learner_batch_skipped", learner=self.name, **metrics)
@@ -184,6 +200,21 @@ class LearnerActor(Actor):
             self.applied[name] = version
         if len(applied) == len(self.config.engines):
             self.published = version
+        if applied and self._ledger is not None:
+            self._ledger.write("published", version=version, engines=sorted(applied))
+
+    def _train(self, batch: list[ScoredSegment]) -> dict[str, float]:
+        """Train on ``batch`` and record it in the ledger. Blocking."""
+        before = self.trainer.version
+        metrics = self.trainer.train(batch)
+        if self._ledger is not None:
+            self._ledger.write(
+                "batch",
+                version=self.trainer.version,
+                stepped=self.trainer.version != before,
+                segments=[scored.segment.segment_id for scored in batch],
+            )
+        return metrics
 
     async def _bring_up_to_date(self, engine: str) -> None:
         """Send the current weights, as messages, to ``engine`` if it is behind them

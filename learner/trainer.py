@@ -70,6 +70,8 @@ class LearnerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     sync_bucket_bytes: int = 64 << 20
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
+    ledger: str = ""
+    """A file to record accepted, refused and trained segments in (``actors.ledger``)."""
 
 
 def _return_free_memory() -> None:

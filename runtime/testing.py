@@ -32,13 +32,23 @@ __all__ = ["Capture", "MemoryNetwork", "open_cluster"]
 class Capture:
     """Records every message its actor handles, in order of handling."""
 
-    def __init__(self, inbox: Any, *, mailbox_size: int = 1024) -> None:
+    def __init__(
+        self,
+        inbox: Any,
+        *,
+        mailbox_size: int = 1024,
+        answer: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """``answer`` replies to each message it returns a value for, and those are not
+        recorded: a stand-in for an actor that other actors ask questions of."""
         self.messages: list[Any] = []
         self._changed = anyio.Event()
         capture = self
 
         class CaptureActor(Actor):
-            async def handle(self, message: Any) -> None:
+            async def handle(self, message: Any) -> Any:
+                if answer is not None and (reply := answer(message)) is not None:
+                    return reply
                 capture.messages.append(message)
                 capture._changed.set()
                 capture._changed = anyio.Event()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+from actors.ledger import audit
 from actors.report import write_report
 from actors.run_config import ConfigError, dump_config, load_config
 
@@ -261,6 +262,9 @@ def test_a_killed_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     ]
     assert resumed and resumed[-1]["version"] >= killed_at
     assert json.loads((run_dir / "eval.json").read_text())["end"]["problems"] == 2
+    ledger = audit(run_dir / "ledger")
+    assert ledger.clean, (ledger.problems, ledger.learners)
+    assert ledger.problems.launches == 2 and ledger.learners["team"].resumes == 1
 
 
 def node_process(launcher: int, module: str) -> int | None:
@@ -316,6 +320,9 @@ def test_node_processes_killed_mid_run_are_started_again_and_the_run_ends(
     log = (run_dir / "logs" / "learner-team.jsonl").read_text().splitlines()
     resumed = [json.loads(line) for line in log if '"learner_resumed"' in line]
     assert resumed and resumed[-1]["version"] >= 12
+    ledger = audit(run_dir / "ledger")
+    assert ledger.clean, (ledger.problems, ledger.learners)
+    assert ledger.learners["team"].batches >= 40
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(

@@ -30,7 +30,9 @@ from actors.conductor import (
 from actors.messages import (
     AgentOutput,
     FlushBatch,
+    GetLearnerStats,
     LearnerProgress,
+    LearnerStats,
     Problem,
     ScoredSegment,
     Segment,
@@ -108,6 +110,18 @@ def problems() -> Iterator[Problem]:
         yield Problem(f"p{i}", f"What is {i} + 7 - {i}?", "7")
 
 
+def learner_stand_in(at: int = 0) -> Capture:
+    """Records what the learner is sent; to the conductor's question, a learner that
+    has taken ``at`` steps (a resumed one, unless 0)."""
+
+    def answer(message: object) -> LearnerStats | None:
+        if not isinstance(message, GetLearnerStats):
+            return None
+        return LearnerStats("team", at, at, at, {}, 0, 0, 0, {}, {}, {})
+
+    return Capture(ScoredSegment | FlushBatch | GetLearnerStats, answer=answer)
+
+
 @dataclass
 class Team:
     """A conductor on a head node, scripted agents on another, and a capture in the
@@ -124,10 +138,12 @@ class Team:
 async def scripted_team(
     config: ConductorConfig,
     scripts: dict[str, list[tuple[str, str, str]]] = SCRIPTS,
+    *,
+    learner_at: int = 0,
     **options: Any,
 ) -> AsyncIterator[Team]:
     seen: list[Task] = []
-    learner = Capture(ScoredSegment | FlushBatch)
+    learner = learner_stand_in(learner_at)
     async with open_cluster("head", "agents") as (head, agents):
         await head.spawn("learner/team", learner.factory)
         for role in scripts:
@@ -202,20 +218,27 @@ async def test_trajectory_rewards_give_every_action_its_branch_outcome(
     assert all(s.parts.get("outcome") == 1.0 for s in scored)
 
 
+@pytest.mark.parametrize("resumed_at", [0, 40])
 async def test_admission_follows_the_learners_and_run_ends_at_the_target(
-    autojump_clock: object,
+    autojump_clock: object, resumed_at: int
 ) -> None:
     """Each batch the learner reports consuming lets one more problem start
     (max_staleness 0, one problem a batch), also a batch skipped without a new version;
-    ``run`` returns once the learner reports the target number of batches."""
-    async with scripted_team(CONFIG) as team:
+    ``run`` returns once the learner reports the target number of batches. A resumed
+    run's learner starts where its checkpoint was, and admission counts from there."""
+    async with scripted_team(CONFIG, learner_at=resumed_at) as team:
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(functools.partial(team.conductor.run, until_batches=5))
-                for batches, version in enumerate([1, 1, 2, 3, 4], start=1):
+                until = resumed_at + 5
+                nursery.start_soon(functools.partial(team.conductor.run, until_batches=until))
+                versions = [0, 1, 1, 2, 3, 4]
+                for batches, (before, version) in enumerate(itertools.pairwise(versions), 1):
                     await trio.testing.wait_all_tasks_blocked()
                     assert (team.conductor.started, team.conductor.finished) == (batches, batches)
-                    progress = LearnerProgress("team", version, batches=batches)
+                    assert team.conductor.versions["team"] == resumed_at + before
+                    progress = LearnerProgress(
+                        "team", resumed_at + version, batches=resumed_at + batches
+                    )
                     await team.head.send(team.ref, progress)
     assert len({t.episode_id for t in team.seen}) == 5
 
@@ -316,7 +339,7 @@ async def test_a_run_whose_episodes_all_fail_stops_with_the_last_error(
     refuses everything would have the run start and fail episodes for ever."""
     config = ConductorConfig(max_failures_in_a_row=5, max_in_flight=2)
     async with open_cluster("head", "agents") as (head, agents):
-        await head.spawn("learner/team", Capture(ScoredSegment | FlushBatch).factory)
+        await head.spawn("learner/team", learner_stand_in().factory)
         await agents.spawn("agent/solver", RefusingAgent)
         conductor = Conductor(
             config,
@@ -331,3 +354,46 @@ async def test_a_run_whose_episodes_all_fail_stops_with_the_last_error(
         ):
             await conductor.run(until_batches=1)
     assert 5 <= conductor.failed <= 6
+
+
+class RestartingAgent(ScriptedAgent):
+    """Fails every task for its first second, as an agent does while its engine's
+    process is started again, then plays its script."""
+
+    def __init__(self, seen: list[Task]) -> None:
+        super().__init__(seen)
+        self.serving_at = trio.current_time() + 1.0
+
+    async def handle(self, task: Task) -> TaskResult:
+        if trio.current_time() < self.serving_at:
+            raise ValueError("engine/team/0 is down")
+        return await super().handle(task)
+
+
+async def test_admission_backs_off_while_episodes_fail_so_a_restart_is_waited_out(
+    autojump_clock: object,
+) -> None:
+    """Five failures in a row would stop the run; paused 0.1, 0.2, 0.4 and 0.8 s
+    after the first four, admission starts the fifth episode past the agent's 1 s
+    outage."""
+    config = ConductorConfig(max_failures_in_a_row=5, max_in_flight=1, group_size=1)
+    seen: list[Task] = []
+    async with open_cluster("head", "agents") as (head, agents):
+        learner = learner_stand_in()
+        await head.spawn("learner/team", learner.factory)
+        await agents.spawn("agent/solver", lambda: RestartingAgent(seen))
+        for role in ("verifier", "corrector"):
+            await agents.spawn(f"agent/{role}", lambda: ScriptedAgent(seen))
+        conductor = Conductor(
+            config,
+            problems(),
+            policies=dict.fromkeys(SCRIPTS, "team"),
+            agents={role: f"agent/{role}" for role in SCRIPTS},
+            learners={"team": "learner/team"},
+        )
+        ref = await head.spawn("conductor", lambda: conductor)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(conductor.run, until_batches=1))
+            await learner.wait_for(1)
+            await head.send(ref, LearnerProgress("team", 1, batches=1))
+    assert conductor.failed == 4 and seen
