@@ -21,7 +21,7 @@ from pathlib import Path
 
 import anyio
 
-from actors.processes import LOOPBACK, open_processes
+from actors.processes import LOOPBACK, node_port, open_processes
 from actors.run_config import EMBEDDED, JUDGE_POLICY, RunConfig
 from runtime import open_node
 
@@ -59,9 +59,19 @@ def head_listen(config: RunConfig) -> str:
 
 
 def node_listen(config: RunConfig) -> str:
+    """Where this host's node processes listen: ``*`` stands for the port each takes
+    (``actors.processes.node_port``)."""
     if config.cluster.hosts == 1:
         return LOOPBACK
     return f"tcp://{host_address(config)}:*"
+
+
+def advertised(config: RunConfig, port: int) -> str | None:
+    """The address a node of this host listening on ``port`` registers, if not its
+    listen address (``cluster.advertise``)."""
+    if config.cluster.hosts == 1 or not config.cluster.advertise:
+        return None
+    return f"tcp://{config.cluster.advertise}:{port}"
 
 
 @dataclass(frozen=True)
@@ -138,8 +148,16 @@ async def serve_worker(config: RunConfig, run_dir: Path, head: str, rank: int) -
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     models = await wait_for_models(config, run_dir, rank)
     listen = node_listen(config)
-    keys = config.cluster_keys()
-    async with open_node(f"rank-{rank}", listen=listen, head=head, keys=keys) as node:
+    name = f"rank-{rank}"
+    port = node_port(config, name)
+    assert port is not None, "a worker host is one of several"
+    async with open_node(
+        name,
+        listen=listen.replace(":*", f":{port}"),
+        head=head,
+        keys=config.cluster_keys(),
+        advertise=advertised(config, port),
+    ) as node:
         with anyio.move_on_after(config.cluster.join_timeout) as waited:
             await poll_until(lambda: node.peer_is_up(HEAD_NODE))
         if waited.cancelled_caught:

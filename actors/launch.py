@@ -44,6 +44,7 @@ from actors.agent import AgentActor
 from actors.cluster import (
     ClusterError,
     SlurmTask,
+    advertised,
     head_listen,
     node_listen,
     serve_worker,
@@ -266,7 +267,12 @@ async def _run(
     train: bool,
 ) -> dict[str, EvalReport]:
     async with (
-        open_node("head", listen=head_listen(config), keys=config.cluster_keys()) as head,
+        open_node(
+            "head",
+            listen=head_listen(config),
+            keys=config.cluster_keys(),
+            advertise=advertised(config, config.cluster.port),
+        ) as head,
         open_processes(
             config,
             run_dir,

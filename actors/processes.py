@@ -75,8 +75,9 @@ class SupervisedProcess:
 
     async def start(self, tasks: anyio.abc.TaskGroup) -> None:
         self.process, address = await _start(self.name, self.command, self.log, tasks)
-        # Started again, it listens where it did: the peers that dial it find it there.
-        self.command = [*self.command[:-1], address]
+        if self.command[-1].endswith(":*"):
+            # Started again, it listens where it did: the peers that dial it find it there.
+            self.command = [*self.command[:-1], address]
 
     async def keep_running(
         self,
@@ -175,7 +176,11 @@ async def open_processes(
                 command += ["--head", head]
                 if config.cluster.keys:
                     command += ["--keys", config.cluster.keys]
-                command += ["--listen", listen]
+                port = node_port(config, name)
+                if port is not None and config.cluster.advertise:
+                    command += ["--advertise", f"tcp://{config.cluster.advertise}:{port}"]
+                fixed = listen if port is None else listen.replace(":*", f":{port}")
+                command += ["--listen", fixed]
                 node = SupervisedProcess(
                     name, command, open_append(files, logs / f"{_file_name(name)}.jsonl")
                 )
@@ -192,6 +197,18 @@ async def open_processes(
                 with anyio.CancelScope(shield=True):
                     await stop_node_processes([n.process for n in supervised if n.process])
                 tasks.cancel_scope.cancel()
+
+
+def node_port(config: RunConfig, name: str) -> int | None:
+    """The port node ``name`` listens on in a multi-host run (``cluster.port``); None
+    on one host, where each takes a free port on loopback. ``name`` is a node process
+    or a worker host's own node (``rank-R``)."""
+    if config.cluster.hosts == 1:
+        return None
+    processes = config.node_processes()
+    if name.startswith("rank-"):
+        return config.cluster.port + len(processes) + int(name.removeprefix("rank-"))
+    return config.cluster.port + 1 + processes.index(name)
 
 
 def _entry_point(

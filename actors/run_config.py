@@ -94,10 +94,18 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     hosts: int = 1
     port: int = 29517
-    """The head's port when ``hosts`` > 1 (on one host it takes any free port)."""
+    """The head's port when ``hosts`` > 1 (on one host it takes any free port). The
+    other nodes of a multi-host run listen on the ports after it, each its own, so a
+    firewall or a forwarding proxy can be set up in advance: the node processes in
+    ``node_processes()`` order from ``port + 1``, then the worker hosts' own nodes."""
     interface: str = ""
     """The address this host's nodes listen on for the other hosts; empty: the first
     non-loopback address of this host's name. One host always uses loopback."""
+    advertise: str = ""
+    """The address other hosts dial this host's nodes at, when it is not the one they
+    listen on (a NAT, or a proxy that forwards each port to this host): every node of
+    this host then registers ``tcp://ADVERTISE:PORT`` with the port it listens on. Set
+    per host (``--set cluster.advertise=...``); empty: the listen address."""
     placement: dict[str, int] = {}
     """Node process name (``engine/POLICY/I``, ``learner/POLICY``, ``engine/judge/0``)
     to the rank that runs it; a process not named runs on rank 0."""

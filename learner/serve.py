@@ -31,7 +31,13 @@ async def serve(args: argparse.Namespace, config: LearnerConfig) -> None:
     name = f"learner/{config.policy}"
     keys = load_cluster_keys(args.keys) if args.keys else None
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    async with open_node(name, listen=args.listen, head=args.head, keys=keys) as node:
+    async with open_node(
+        name,
+        listen=args.listen,
+        head=args.head,
+        keys=keys,
+        advertise=args.advertise or None,
+    ) as node:
         await node.spawn(
             name, lambda: LearnerActor(load_checkpoint(args.model, device=device).model, config)
         )
@@ -46,6 +52,9 @@ def main() -> None:
     parser.add_argument("--config", required=True, help="a LearnerConfig as JSON")
     parser.add_argument("--listen", default="tcp://127.0.0.1:*")
     parser.add_argument("--keys", default="", help="the cluster's CURVE keys directory")
+    parser.add_argument(
+        "--advertise", default="", help="the address to register, if not the listen one"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args()

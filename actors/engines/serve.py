@@ -60,7 +60,13 @@ async def serve(args: argparse.Namespace) -> None:
     name = f"engine/{args.policy}/{args.index}"
     keys = load_cluster_keys(args.keys) if args.keys else None
     async with (
-        open_node(name, listen=args.listen, head=args.head, keys=keys) as node,
+        open_node(
+            name,
+            listen=args.listen,
+            head=args.head,
+            keys=keys,
+            advertise=args.advertise or None,
+        ) as node,
         open_engine(args.engine, args.model, policy=args.policy, max_batch=args.max_batch) as core,
         anyio.create_task_group() as tasks,
     ):
@@ -91,6 +97,9 @@ def main() -> None:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--listen", default="tcp://127.0.0.1:*")
     parser.add_argument("--keys", default="", help="the cluster's CURVE keys directory")
+    parser.add_argument(
+        "--advertise", default="", help="the address to register, if not the listen one"
+    )
     parser.add_argument("--learner", default="", help="the learner to ask for weights")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--max-batch", type=int, default=64, help="rows decoded together")
