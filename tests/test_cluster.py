@@ -1,19 +1,24 @@
 """Multi-host runs: Slurm's node lists, placement errors that name the field, and a
 run whose engine lives on a second "host" (a worker process on this machine, joined
-to the head over TCP as another host's would be)."""
+to the head over TCP as another host's would be), also when that host crashes whole
+and joins again."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from actors.cluster import first_host, slurm_task
+from actors.ledger import audit
 from actors.run_config import ConfigError, load_config
+from tests.test_launch import EVERY_BATCH_A_STEP
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "configs" / "marsrl-tiny.toml"
@@ -128,3 +133,76 @@ def test_an_engine_on_a_worker_host_serves_the_head_run(tmp_path: Path) -> None:
     assert "the head is gone" in worker.stdout
     assert (run_dir / "logs" / "engine-team-0.jsonl").stat().st_size > 0
     assert (run_dir / "logs" / "learner-team.jsonl").stat().st_size > 0
+
+
+def batches_in_ledger(run_dir: Path) -> int:
+    ledger = run_dir / "ledger" / "learner-team.jsonl"
+    return ledger.read_bytes().count(b'"event":"batch"') if ledger.is_file() else 0
+
+
+@pytest.mark.slow
+def test_a_worker_host_killed_whole_and_joined_again_serves_the_run_to_its_end(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL the worker host's launcher and its engine process at once, as a host
+    that crashed; started again with the same command, it serves the engine on the
+    port it had, the head's run goes on to its target, and its ledger audits clean."""
+    port = free_port()
+    keys = tmp_path / "keys"
+    made = subprocess.run(
+        [sys.executable, "-m", "actors.launch", "keys", str(keys)], cwd=ROOT, check=False
+    )
+    assert made.returncode == 0
+    settings = [
+        f"--set=runs_dir='{tmp_path}'",
+        "--set=cluster.hosts=2",
+        f"--set=cluster.keys='{keys}'",
+        f"--set=cluster.port={port}",
+        "--set=cluster.interface='127.0.0.1'",
+        "--set=cluster.placement={'engine/team/0' = 1}",
+        "--set=train.steps=60",
+        "--set=train.checkpoint_every=2",
+        "--set=policies.team.warm_start_steps=100",
+        "--set=conductor.group_size=2",
+        "--set=conductor.problems_per_step=2",
+        *(f"--set={o}" for o in EVERY_BATCH_A_STEP),
+        "--set=problems.difficulty=1",
+        "--set=eval.problems=2",
+        "--set=eval.before=false",
+    ]
+    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost"}
+    head = subprocess.Popen(
+        [sys.executable, "-m", "actors.launch", *settings],
+        cwd=ROOT,
+        env={**os.environ, **slurm, "SLURM_JOB_ID": "42"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    run_dir = tmp_path / "marsrl-tiny-slurm42"
+    join = ["--join", f"tcp://127.0.0.1:{port}", "--rank", "1", "--run-dir", str(run_dir)]
+    worker_command = [sys.executable, "-m", "actors.launch", *settings, *join]
+    worker = subprocess.Popen(
+        worker_command, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while batches_in_ledger(run_dir) < 10:
+            assert head.poll() is None and time.monotonic() < deadline, "no training"
+            time.sleep(0.2)
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        again = subprocess.run(
+            worker_command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+        )
+        out, err = head.communicate(timeout=120)
+    finally:
+        for process in (head, worker):
+            if process.poll() is None:
+                process.kill()
+    assert head.returncode == 0, out[-2000:] + err[-4000:]
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert "after 60 RL batches" in out
+    ledger = audit(run_dir / "ledger")
+    assert ledger.clean, (ledger.problems, ledger.learners)
+    assert ledger.learners["team"].batches >= 60
