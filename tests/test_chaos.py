@@ -10,20 +10,9 @@ from pathlib import Path
 import pytest
 
 from actors.chaos import node_process_name, run_chaos, summary
-from tests.test_launch import EVERY_BATCH_A_STEP
+from tests.test_launch import short_recipe
 
-SHORT_RUN = [
-    "train.steps=300",
-    "cluster.hung_after=3",
-    "train.checkpoint_every=2",
-    "policies.team.warm_start_steps=100",
-    "conductor.group_size=2",
-    "conductor.problems_per_step=2",
-    *EVERY_BATCH_A_STEP,
-    "problems.difficulty=1",
-    "eval.problems=2",
-    "eval.before=false",
-]
+SHORT_RUN = [*short_recipe(300), "cluster.hung_after=3"]
 
 
 @pytest.mark.slow

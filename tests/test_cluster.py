@@ -18,7 +18,7 @@ import pytest
 from actors.cluster import first_host, slurm_task
 from actors.ledger import audit
 from actors.run_config import ConfigError, load_config
-from tests.test_launch import EVERY_BATCH_A_STEP
+from tests.test_launch import short_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "configs" / "marsrl-tiny.toml"
@@ -73,11 +73,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.slow
-def test_an_engine_on_a_worker_host_serves_the_head_run(tmp_path: Path) -> None:
-    """The head starts under Slurm's environment (rank 0), the worker with ``--join``;
-    the worker serves the engine until the head's run ends, then stops by itself. Their
-    links are authenticated with keys made by ``bin/launch keys``."""
+def two_hosts(tmp_path: Path, recipe: list[str]) -> tuple[list[str], int]:
+    """Settings for a run whose engine is on rank 1, over keys made by ``bin/launch
+    keys``, and the head's port."""
     port = free_port()
     keys = tmp_path / "keys"
     made = subprocess.run(
@@ -89,36 +87,55 @@ def test_an_engine_on_a_worker_host_serves_the_head_run(tmp_path: Path) -> None:
     )
     assert made.returncode == 0, made.stderr
     settings = [
-        f"--set=runs_dir='{tmp_path}'",
-        "--set=cluster.hosts=2",
-        f"--set=cluster.keys='{keys}'",
-        f"--set=cluster.port={port}",
-        "--set=cluster.interface='127.0.0.1'",
-        "--set=cluster.placement={'engine/team/0' = 1}",
-        "--set=train.steps=2",
-        "--set=policies.team.warm_start_steps=10",
-        "--set=conductor.group_size=2",
-        "--set=conductor.problems_per_step=2",
-        "--set=learner.groups_per_batch=4",
-        "--set=problems.difficulty=1",
-        "--set=eval.problems=2",
-        "--set=eval.before=false",
+        f"runs_dir='{tmp_path}'",
+        "cluster.hosts=2",
+        f"cluster.keys='{keys}'",
+        f"cluster.port={port}",
+        "cluster.interface='127.0.0.1'",
+        "cluster.placement={'engine/team/0' = 1}",
+        *recipe,
     ]
+    return [f"--set={o}" for o in settings], port
+
+
+def start_head(settings: list[str], job: str) -> subprocess.Popen[str]:
+    """The head under Slurm's environment (rank 0 of job ``job``)."""
     slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost"}
-    head = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "actors.launch", *settings],
         cwd=ROOT,
-        env={**os.environ, **slurm, "SLURM_JOB_ID": "41"},
+        env={**os.environ, **slurm, "SLURM_JOB_ID": job},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def worker_command(settings: list[str], port: int, run_dir: Path) -> list[str]:
+    join = ["--join", f"tcp://127.0.0.1:{port}", "--rank", "1", "--run-dir", str(run_dir)]
+    return [sys.executable, "-m", "actors.launch", *settings, *join]
+
+
+@pytest.mark.slow
+def test_an_engine_on_a_worker_host_serves_the_head_run(tmp_path: Path) -> None:
+    """The head starts under Slurm's environment (rank 0), the worker with ``--join``;
+    the worker serves the engine until the head's run ends, then stops by itself. Their
+    links are authenticated with keys made by ``bin/launch keys``."""
+    recipe = [
+        "train.steps=2",
+        "policies.team.warm_start_steps=10",
+        "conductor.group_size=2",
+        "conductor.problems_per_step=2",
+        "learner.groups_per_batch=4",
+        "problems.difficulty=1",
+        "eval.problems=2",
+        "eval.before=false",
+    ]
+    settings, port = two_hosts(tmp_path, recipe)
+    head = start_head(settings, "41")
     run_dir = tmp_path / "marsrl-tiny-slurm41"
     worker = subprocess.run(
-        [
-            *(sys.executable, "-m", "actors.launch", *settings),
-            *("--join", f"tcp://127.0.0.1:{port}", "--rank", "1", "--run-dir", str(run_dir)),
-        ],
+        worker_command(settings, port, run_dir),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -147,44 +164,11 @@ def test_a_worker_host_killed_whole_and_joined_again_serves_the_run_to_its_end(
     """SIGKILL the worker host's launcher and its engine process at once, as a host
     that crashed; started again with the same command, it serves the engine on the
     port it had, the head's run goes on to its target, and its ledger audits clean."""
-    port = free_port()
-    keys = tmp_path / "keys"
-    made = subprocess.run(
-        [sys.executable, "-m", "actors.launch", "keys", str(keys)], cwd=ROOT, check=False
-    )
-    assert made.returncode == 0
-    settings = [
-        f"--set=runs_dir='{tmp_path}'",
-        "--set=cluster.hosts=2",
-        f"--set=cluster.keys='{keys}'",
-        f"--set=cluster.port={port}",
-        "--set=cluster.interface='127.0.0.1'",
-        "--set=cluster.placement={'engine/team/0' = 1}",
-        "--set=train.steps=60",
-        "--set=train.checkpoint_every=2",
-        "--set=policies.team.warm_start_steps=100",
-        "--set=conductor.group_size=2",
-        "--set=conductor.problems_per_step=2",
-        *(f"--set={o}" for o in EVERY_BATCH_A_STEP),
-        "--set=problems.difficulty=1",
-        "--set=eval.problems=2",
-        "--set=eval.before=false",
-    ]
-    slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "localhost"}
-    head = subprocess.Popen(
-        [sys.executable, "-m", "actors.launch", *settings],
-        cwd=ROOT,
-        env={**os.environ, **slurm, "SLURM_JOB_ID": "42"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    settings, port = two_hosts(tmp_path, short_recipe(60))
+    head = start_head(settings, "42")
     run_dir = tmp_path / "marsrl-tiny-slurm42"
-    join = ["--join", f"tcp://127.0.0.1:{port}", "--rank", "1", "--run-dir", str(run_dir)]
-    worker_command = [sys.executable, "-m", "actors.launch", *settings, *join]
-    worker = subprocess.Popen(
-        worker_command, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True
-    )
+    command = worker_command(settings, port, run_dir)
+    worker = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while batches_in_ledger(run_dir) < 10:
@@ -193,7 +177,7 @@ def test_a_worker_host_killed_whole_and_joined_again_serves_the_run_to_its_end(
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
         again = subprocess.run(
-            worker_command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+            command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
         )
         out, err = head.communicate(timeout=120)
     finally:

@@ -205,19 +205,25 @@ def test_a_broken_model_is_named_before_anything_starts(
     assert not (tmp_path / "runs").exists()
 
 
-def short_run(tmp_path: Path, steps: int) -> list[str]:
+def short_recipe(steps: int) -> list[str]:
+    """Overrides that make the embedded recipe a short run of ``steps`` batches, each a
+    step, checkpointed every 2, evaluated only at its end on 2 problems."""
     return [
-        f"--set=runs_dir='{tmp_path / 'runs'}'",
-        f"--set=train.steps={steps}",
-        "--set=train.checkpoint_every=2",
-        "--set=policies.team.warm_start_steps=100",
-        "--set=conductor.group_size=2",
-        "--set=conductor.problems_per_step=2",
-        *(f"--set={o}" for o in EVERY_BATCH_A_STEP),
-        "--set=problems.difficulty=1",
-        "--set=eval.problems=2",
-        "--set=eval.before=false",
+        f"train.steps={steps}",
+        "train.checkpoint_every=2",
+        "policies.team.warm_start_steps=100",
+        "conductor.group_size=2",
+        "conductor.problems_per_step=2",
+        *EVERY_BATCH_A_STEP,
+        "problems.difficulty=1",
+        "eval.problems=2",
+        "eval.before=false",
     ]
+
+
+def short_run(tmp_path: Path, steps: int) -> list[str]:
+    runs = f"runs_dir='{tmp_path / 'runs'}'"
+    return [f"--set={o}" for o in [runs, *short_recipe(steps)]]
 
 
 def start_short_run(tmp_path: Path, steps: int, *, stdout: int) -> subprocess.Popen[str]:

@@ -25,7 +25,7 @@ import pytest
 from actors.ledger import audit
 from actors.run_config import load_config
 from tests.fault_proxy import FaultProxy, inject_randomly
-from tests.test_launch import EVERY_BATCH_A_STEP, ROOT
+from tests.test_launch import ROOT, short_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -89,15 +89,7 @@ async def test_a_run_across_two_namespaces_survives_link_trouble(
         f"cluster.keys='{keys}'",
         f"cluster.port={PORT}",
         "cluster.placement={'engine/team/0' = 1}",
-        "train.steps=30",
-        "train.checkpoint_every=2",
-        "policies.team.warm_start_steps=100",
-        "conductor.group_size=2",
-        "conductor.problems_per_step=2",
-        *EVERY_BATCH_A_STEP,
-        "problems.difficulty=1",
-        "eval.problems=2",
-        "eval.before=false",
+        *short_recipe(30),
     ]
     config = load_config(None, settings)
     processes = config.node_processes()
