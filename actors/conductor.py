@@ -76,7 +76,7 @@ class ConductorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     run would spend ``max_failures_in_a_row`` on it within a second."""
     failure_backoff_max: float = 5.0
     """The longest pause: a dead engine stops the run after ``max_failures_in_a_row``
-    failures, about 5 minutes at the defaults, not at once."""
+    failures in a few minutes at the defaults, not at once."""
 
 
 class RoleStats(Message, frozen=True):
