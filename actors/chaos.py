@@ -345,14 +345,14 @@ def _wait_for_line(launcher: Launcher, since: float, text: str, timeout: float) 
 
 def summary(report: ChaosReport) -> str:
     data = report.as_json()
-    recovery = data["recovery_s"]
     lines = [
         f"chaos: {'PASSED' if report.passed else 'FAILED'} in {report.wall_s:.0f} s",
         f"  kills {data['kills']} {data['kills_by_target']}",
     ]
-    if report.kills:
+    recoveries = [kill.recovery_s for kill in report.kills]
+    if recoveries:
         lines.append(
-            f"  recovery median {recovery['median']:.1f} s, max {recovery['max']:.1f} s"  # type: ignore[index]
+            f"  recovery median {statistics.median(recoveries):.1f} s, max {max(recoveries):.1f} s"
         )
     problems = report.audit.problems
     lines.append(

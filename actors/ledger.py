@@ -88,7 +88,7 @@ class LearnerAudit:
     rejected: dict[str, int] = field(default_factory=dict)
     lost: list[str] = field(default_factory=list)
     duplicated: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    contradictions: list[str] = field(default_factory=list)
     """Contradictions in the record: a resume whose checkpoint does not match the
     batches before it, versions that did not increase, a run that never stopped."""
 
@@ -125,7 +125,7 @@ class Audit:
 
     @property
     def contradictions(self) -> list[str]:
-        return [f"{a.policy}: {p}" for a in self.learners.values() for p in a.problems]
+        return [f"{a.policy}: {p}" for a in self.learners.values() for p in a.contradictions]
 
     @property
     def clean(self) -> bool:
@@ -201,7 +201,7 @@ def audit_learner(policy: str, records: list[dict[str, Any]]) -> LearnerAudit:
             rejected[record["reason"]] += 1
         elif event == "batch":
             if batches and record["version"] < batches[-1]["version"]:
-                result.problems.append(
+                result.contradictions.append(
                     f"version {record['version']} after version {batches[-1]['version']}"
                 )
             batches.append(record)
@@ -213,7 +213,7 @@ def audit_learner(policy: str, records: list[dict[str, Any]]) -> LearnerAudit:
                 consumed -= len(batches.pop()["segments"])
                 result.retrained_batches += 1
             if consumed != record["consumed"] or record["version"] != _version(batches):
-                result.problems.append(
+                result.contradictions.append(
                     f"resumed at version {record['version']} with {record['consumed']} "
                     f"segments consumed; the ledger had {consumed} at version "
                     f"{_version(batches)}"
@@ -221,13 +221,15 @@ def audit_learner(policy: str, records: list[dict[str, Any]]) -> LearnerAudit:
             stopped = False
         elif event == "published":
             if record["version"] < published:
-                result.problems.append(f"published version {record['version']} after {published}")
+                result.contradictions.append(
+                    f"published version {record['version']} after {published}"
+                )
             published = max(published, record["version"])
         elif event == "stopped":
             held = record["held"]
             stopped = True
     if records and not stopped:
-        result.problems.append("the learner's last record is not its stop")
+        result.contradictions.append("the learner's last record is not its stop")
     trained = [sid for batch in batches for sid in batch["segments"]]
     seen = Counter(trained)
     result.accepted = len(accepted)

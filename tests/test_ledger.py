@@ -53,7 +53,7 @@ def test_a_learner_killed_after_its_checkpoint_trains_those_batches_again_once()
         stopped(3),
     ]
     result = audit_learner("team", records)
-    assert (result.lost, result.duplicated, result.problems) == ([], [], [])
+    assert (result.lost, result.duplicated, result.contradictions) == ([], [], [])
     assert (result.trained, result.steps, result.version) == (6, 3, 3)
     assert (result.resumes, result.retrained_batches) == (1, 1)
 
@@ -71,7 +71,7 @@ def test_an_accepted_segment_neither_trained_nor_held_is_lost() -> None:
 
 def test_a_resume_that_does_not_match_the_batches_before_it_is_a_contradiction() -> None:
     records = [*accepted("a", "b"), batch(1, "a"), batch(2, "b"), resumed(1, 2), stopped(2)]
-    assert audit_learner("team", records).problems
+    assert audit_learner("team", records).contradictions
 
 
 def test_versions_that_go_back_are_a_contradiction() -> None:
@@ -83,12 +83,14 @@ def test_versions_that_go_back_are_a_contradiction() -> None:
         {"event": "published", "version": 1},
         stopped(1),
     ]
-    assert len(audit_learner("team", records).problems) == 2
+    assert len(audit_learner("team", records).contradictions) == 2
 
 
 def test_a_learner_whose_last_life_never_stopped_is_reported() -> None:
     records = [*accepted("a"), batch(1, "a")]
-    assert audit_learner("team", records).problems == ["the learner's last record is not its stop"]
+    assert audit_learner("team", records).contradictions == [
+        "the learner's last record is not its stop"
+    ]
 
 
 def admitted(problem: str, again: str | None = None) -> dict[str, Any]:
