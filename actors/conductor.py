@@ -11,7 +11,12 @@ backpressure stops work from being *started*; nothing that finished is thrown aw
 ``max_in_flight`` bounds the episodes running at once. When every admitted episode has
 finished and admission still waits, the data sent cannot fill the learners' next
 batch: the conductor asks them to train on the complete groups they hold
-(``FlushBatch``), which moves ``batches`` on.
+(``FlushBatch``), which moves ``batches`` on. If even that leaves a learner short (its
+batch needs more problems than ``problems_per_step``: the Verifier's, when its classes
+are balanced and right solutions are rare), the learners are starved rather than
+behind, and admission lifts the staleness clause until the fewest batches moves: every
+episode started then runs at the learners' current versions, so it adds no staleness,
+while the pipeline runs ``max_in_flight`` episodes rather than one at a time.
 
 The conductor is an actor (its inbox takes the learners' progress and statistics
 requests) and is driven by ``run``, which the launcher awaits on the head node.
@@ -169,6 +174,9 @@ class Conductor(Actor):
         self._actions: dict[str, int] = defaultdict(int)
         self._accuracy: deque[float] = deque(maxlen=64)
         self._waiting = False
+        self._starved_at: int | None = None
+        """The fewest batches when the learners were last found starved: until it moves,
+        the staleness clause of admission is lifted."""
         self._began = time.monotonic()
         self._batches_at_start = 0
         """Where the learners stood when ``run`` began (a resumed run's checkpoint):
@@ -261,19 +269,15 @@ class Conductor(Actor):
     async def _admit(self, tasks: anyio.abc.TaskGroup) -> None:
         config = self.config
         for problem in self.problems:
-            while (
-                self.started
-                >= (config.max_staleness + self._batches_since_start + 1) * config.problems_per_step
-                or self.started - self.finished >= config.max_in_flight
-            ):
+            while self._stale() or self.started - self.finished >= config.max_in_flight:
                 self._waiting = True
                 if self.started == self.finished:
                     await self._flush_learners()
                     if not self._flush_pending:
                         # Every learner has trained on all it holds and still waits for
-                        # a batch: only a new episode can fill it. With nothing in
-                        # flight, starting one adds no staleness.
-                        break
+                        # a batch: only new episodes can fill it.
+                        self._starved_at = self._batches_since_start
+                        continue
                 await self._wait_for_change()
             self._waiting = False
             if self._failures_in_a_row:
@@ -288,6 +292,15 @@ class Conductor(Actor):
                     input=msgspec.to_builtins(problem),
                 )
             tasks.start_soon(self._episode, problem)
+
+    def _stale(self) -> bool:
+        """Admission's staleness clause: starting one more problem would exceed the
+        budget (lifted while the learners are starved)."""
+        batches = self._batches_since_start
+        if self._starved_at == batches:
+            return False
+        budget = (self.config.max_staleness + batches + 1) * self.config.problems_per_step
+        return self.started >= budget
 
     def _backoff(self) -> float:
         config = self.config

@@ -161,13 +161,17 @@ def prepare_models(config: RunConfig, run_dir: Path) -> dict[str, str]:
     role and one shared policy differ only in what RL does to them, and the warm start
     runs once rather than once per policy."""
     paths: dict[str, str] = {}
-    built: dict[tuple[int, float], Path] = {}
+    built: dict[tuple[int, float, int], Path] = {}
     for policy, settings in config.policies.items():
         if settings.model != EMBEDDED:
             paths[policy] = settings.model
             continue
         path = run_dir / "models" / policy
-        recipe = (settings.warm_start_steps, settings.warm_start_correct)
+        recipe = (
+            settings.warm_start_steps,
+            settings.warm_start_correct,
+            warm_start_seed(config, policy),
+        )
         if not path.is_dir():
             # Built aside and renamed into place whole: a resumed run, or a worker host
             # waiting on a shared run directory, never sees a half-built model.
@@ -186,19 +190,27 @@ def prepare_models(config: RunConfig, run_dir: Path) -> dict[str, str]:
     return paths
 
 
+def warm_start_seed(config: RunConfig, policy: str) -> int:
+    seed = config.policies[policy].warm_start_seed
+    return config.seed if seed is None else seed
+
+
 def _build_embedded(config: RunConfig, policy: str, path: Path) -> None:
     settings = config.policies[policy]
-    build_tiny_checkpoint(path, seed=config.seed)
+    seed = warm_start_seed(config, policy)
+    build_tiny_checkpoint(path, seed=seed)
     roles = list(config.roles)
     examples = format_examples(
         roles,
-        problems_of(config, "train"),
+        problems_of(msgspec.structs.replace(config, seed=seed), "train"),
         4096,
         correct=settings.warm_start_correct,
-        seed=config.seed,
+        seed=seed,
     )
-    print(f"warm start: teaching {policy} the output formats of {roles} ...", flush=True)
-    loss = teach_formats(path, examples, steps=settings.warm_start_steps, seed=config.seed)
+    print(
+        f"warm start: teaching {policy} the output formats of {roles} (seed {seed}) ...", flush=True
+    )
+    loss = teach_formats(path, examples, steps=settings.warm_start_steps, seed=seed)
     print(f"warm start: done (loss {loss:.3f})", flush=True)
 
 

@@ -45,6 +45,10 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     warm_start_correct: float = 0.0
     """The fraction of warm-start answer labels that are right (the rest are wrong
     numbers near the answer): how good a start the stand-in pretraining gives."""
+    warm_start_seed: int | None = None
+    """Seeds the embedded model's initialisation and warm start; None: the run's
+    ``seed``. Fixed, every seed of a recipe starts RL from the same checkpoint, as runs
+    from one pretrained model do, and the run's seed varies RL alone."""
 
 
 class JudgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

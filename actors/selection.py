@@ -3,8 +3,11 @@ rollouts: each later agent takes ``k`` outputs of the previous one and samples a
 for each).
 
 ``random`` draws ``k`` uniformly. ``balanced`` takes as many outputs that were right as
-ones that were wrong, as far as both exist, so the next agent sees both kinds; which
-kind an odd ``k`` leans to is a coin toss, so ``k`` = 1 sees each kind half the time.
+ones that were wrong, as far as both exist, so the next agent sees both kinds; an odd
+``k`` leans to the kind ``lean`` names (right when True), or to a coin toss's, so
+``k`` = 1 sees each kind half the time. The Verifier's training leans to the kind it is
+short of: while the Solver is rarely right, a coin toss wasted half of the few right
+solutions on groups that verdict balancing then held back.
 ``adaptive`` (the paper's best) fills ``k`` with the outputs the next agent learns most
 from first, ``preferred``: for the Verifier, wrong solutions; for the Corrector, error
 reports that are right.
@@ -30,6 +33,7 @@ def select(
     correct: Callable[[T], bool],
     preferred: Callable[[T], bool],
     rng: random.Random,
+    lean: bool | None = None,
 ) -> list[T]:
     if strategy not in STRATEGIES:
         raise ValueError(f"selection must be one of {STRATEGIES}, got {strategy!r}")
@@ -44,7 +48,10 @@ def select(
     right = [c for c in pool if correct(c)]
     wrong = [c for c in pool if not correct(c)]
     sides = [wrong, right]
-    rng.shuffle(sides)
+    if lean is None:
+        rng.shuffle(sides)
+    elif lean:
+        sides.reverse()
     chosen: list[T] = []
     while len(chosen) < k:
         for side in sides:

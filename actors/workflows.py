@@ -61,6 +61,13 @@ class VerdictBalance:
     sent: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
     held_back: int = 0
 
+    def short_of(self) -> bool | None:
+        """The kind of solution (right: True) the learner has had fewer groups about,
+        or None when they are even."""
+        if self.sent[True] == self.sent[False]:
+            return None
+        return self.sent[True] < self.sent[False]
+
     def admits(self, solution_correct: bool) -> bool:
         if self.sent[solution_correct] > self.sent[not solution_correct]:
             self.held_back += 1
@@ -136,6 +143,7 @@ async def marsrl_episode(team: Team, problem: Problem, settings: EpisodeContext)
         await emit(nodes, rewards)
         if depth + 1 >= settings.max_agent_steps:
             return
+        balance = settings.verdict_balance
         chosen = select(
             nodes,
             settings.select,
@@ -143,6 +151,7 @@ async def marsrl_episode(team: Team, problem: Problem, settings: EpisodeContext)
             correct=lambda n: n.correct,
             preferred=lambda n: not n.correct,
             rng=rng,
+            lean=balance.short_of() if balance is not None else None,
         )
         for node in chosen:
             await verify(node, inputs["problem"], depth + 1)

@@ -171,6 +171,33 @@ def test_policies_with_one_warm_start_recipe_start_as_copies_of_one_model(
     assert not all(torch.equal(solver[k], corrector[k]) for k in solver)
 
 
+def test_a_fixed_warm_start_seed_gives_every_run_seed_the_same_start(tmp_path: Path) -> None:
+    """With ``warm_start_seed`` set, the run's seed varies RL only: two seeds build the
+    same checkpoint. Left unset, the run's seed seeds the warm start."""
+    from safetensors.torch import load_file
+
+    from actors.launch import prepare_models
+
+    runs = iter(range(100))
+
+    def built(warm_start: str, seed: int) -> dict[str, torch.Tensor]:
+        recipe = tmp_path / "recipe.toml"
+        recipe.write_text(
+            f"seed = {seed}\n[policies.team]\nwarm_start_steps = 2\n{warm_start}"
+            "[problems]\ntrain = 64\ntest = 8\n"
+        )
+        paths = prepare_models(load_config(recipe), tmp_path / f"run-{next(runs)}")
+        (file,) = Path(paths["team"]).glob("*.safetensors")
+        return load_file(file)
+
+    fixed = "warm_start_seed = 5\n"
+    first, second = built(fixed, seed=1), built(fixed, seed=2)
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    own, other = built("", seed=5), built("", seed=1)
+    assert all(torch.equal(first[k], own[k]) for k in first)
+    assert not all(torch.equal(first[k], other[k]) for k in first)
+
+
 def broken_copy(tiny_path: Path, tmp_path: Path, fault: str) -> Path:
     model = tmp_path / "model"
     shutil.copytree(tiny_path, model)

@@ -140,14 +140,16 @@ async def scripted_team(
     scripts: dict[str, list[tuple[str, str, str]]] = SCRIPTS,
     *,
     learner_at: int = 0,
+    agent: type[ScriptedAgent] | None = None,
     **options: Any,
 ) -> AsyncIterator[Team]:
     seen: list[Task] = []
     learner = learner_stand_in(learner_at)
+    playing = agent or ScriptedAgent
     async with open_cluster("head", "agents") as (head, agents):
         await head.spawn("learner/team", learner.factory)
         for role in scripts:
-            await agents.spawn(f"agent/{role}", lambda: ScriptedAgent(seen, scripts))
+            await agents.spawn(f"agent/{role}", lambda: playing(seen, scripts))
         conductor = Conductor(
             config,
             problems(),
@@ -296,6 +298,43 @@ async def test_when_flushed_learners_hold_nothing_a_new_problem_starts(
                 await team.head.send(team.ref, LearnerProgress("team", 1, batches=1))
     episodes = {s.segment.episode_id for s in scored_only(team.learner.messages)}
     assert {"p0", "p1"} <= episodes
+
+
+class HeldSolver(ScriptedAgent):
+    """Answers the first episode's Solver task, and holds every later one until
+    ``release`` is set."""
+
+    release = trio.Event()
+
+    async def handle(self, task: Task) -> TaskResult:
+        if task.role == "solver" and task.episode_id != "p0":
+            await self.release.wait()
+        return await super().handle(task)
+
+
+async def test_starved_learners_get_max_in_flight_episodes_at_once(autojump_clock: object) -> None:
+    """The flushed learner holds nothing and still waits for a batch: its batch needs
+    more problems than the staleness budget allows. Starting them one at a time ran the
+    pipeline serially; the budget is lifted until the learner moves, so ``max_in_flight``
+    episodes run at once, and once it moves the budget holds again."""
+    HeldSolver.release = trio.Event()
+    config = msgspec.structs.replace(CONFIG, max_in_flight=3)
+    async with scripted_team(config, agent=HeldSolver) as team:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(functools.partial(team.conductor.run, until_batches=2))
+                await trio.testing.wait_all_tasks_blocked()
+                assert team.learner.messages[-1] == FlushBatch("team")
+                await team.head.send(team.ref, LearnerProgress("team", 0, flushed=True))
+                await trio.testing.wait_all_tasks_blocked()
+                assert (team.conductor.started, team.conductor.finished) == (4, 1)
+                await team.head.send(team.ref, LearnerProgress("team", 1, batches=1))
+                HeldSolver.release.set()
+                await trio.testing.wait_all_tasks_blocked()
+                # Budget (0 + 1 + 1) * 1 = 2 problems: none starts until the learner
+                # is starved again or moves.
+                assert team.conductor.started == team.conductor.finished == 4
+                await team.head.send(team.ref, LearnerProgress("team", 2, batches=2))
 
 
 async def test_balanced_verdicts_train_the_verifier_on_right_and_wrong_solutions_alike(

@@ -32,6 +32,18 @@ def test_balanced_with_one_pick_sees_each_kind_about_half_the_time() -> None:
     assert 160 <= sum(picks) <= 240
 
 
+@pytest.mark.parametrize("lean", [True, False])
+def test_balanced_with_one_pick_leans_to_the_kind_asked_for(lean: bool) -> None:
+    """The Verifier's training is short of one kind: a pick of one takes that kind
+    whenever it exists, rather than a coin toss's."""
+    rng = random.Random(0)
+    picks = [
+        right(select(OUTPUTS, 1, "balanced", correct=right, preferred=right, rng=rng, lean=lean)[0])
+        for _ in range(50)
+    ]
+    assert picks == [lean] * 50
+
+
 def test_balanced_fills_from_the_kind_that_exists() -> None:
     wrong_only = [o for o in OUTPUTS if not right(o)]
     chosen = select(wrong_only, 2, "balanced", correct=right, preferred=right, rng=random.Random(0))
