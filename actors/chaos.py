@@ -4,9 +4,12 @@
               [--seed 0] [--out DIR]
 
 It starts ``bin/launch`` on CONFIG (the embedded recipe by default; shorten it with
-``--set``), waits until the learners train, and then, ``--kills`` times: waits a
-random 1 to 6 seconds of training and SIGKILLs one process of the next target kind
-(the kinds are taken in a shuffled cycle, so each is hit about as often):
+``--set``), waits until the learners train, and then, ``--kills`` times: waits until
+the learners' ledgers reach the next kill point and SIGKILLs one process of the next
+target kind (the kinds are taken in a shuffled cycle, so each is hit about as often).
+The kill points are batch counts at random places in evenly spaced slices of the
+first 80% of ``train.steps``: counted in batches, not seconds, they fall inside the
+run however fast the host trains it.
 
 * ``engine``: an engine node process of a policy; the launcher starts it again.
 * ``judge``: the judge's engine (recipes with an LLM judge); started again alike.
@@ -159,8 +162,9 @@ class Progress:
         self.launches = 0
 
     @property
-    def batches(self) -> int:
-        return sum(self.by_learner.values())
+    def fewest(self) -> int:
+        """The batches of the learner that has recorded fewest (of those that have any)."""
+        return min(self.by_learner.values(), default=0)
 
     def poll(self) -> None:
         for path in [*self.ledger_dir.glob("learner-*.jsonl"), self.ledger_dir / CONDUCTOR]:
@@ -180,17 +184,19 @@ class Progress:
     def wait(
         self, launcher: Launcher, *, batches: int = 0, launches: int = 0, timeout: float
     ) -> None:
-        """Until the ledgers hold ``batches`` batches and ``launches`` launches."""
+        """Until every learner's ledger holds ``batches`` batches and the conductor's
+        ``launches`` launches."""
         deadline = time.monotonic() + timeout
         while True:
             self.poll()
-            if self.batches >= batches and self.launches >= launches:
+            if self.fewest >= batches and self.launches >= launches:
                 return
             launcher.check_running()
             if time.monotonic() > deadline:
                 raise ChaosError(
-                    f"after {timeout} s the ledgers hold {self.batches} batches (waiting "
-                    f"for {batches}) and {self.launches} launches (waiting for {launches})"
+                    f"after {timeout} s the learners' ledgers hold {self.fewest} batches or more "
+                    f"(waiting for {batches}) and {self.launches} launches (waiting for "
+                    f"{launches})"
                 )
             time.sleep(0.2)
 
@@ -280,11 +286,9 @@ def run_chaos(
             steps = load_config(run_dir / "config.toml").train.steps
             progress = Progress(run_dir / "ledger")
             progress.wait(launcher, batches=1, timeout=timeout)
-            for n in range(kills):
-                progress.wait(launcher, batches=progress.batches + 1, timeout=timeout)
-                time.sleep(rng.uniform(1.0, 6.0))
-                progress.poll()
-                if min(progress.by_learner.values()) >= 0.9 * steps:
+            for n, point in enumerate(kill_points(steps, kills, rng)):
+                progress.wait(launcher, batches=point, timeout=timeout)
+                if progress.fewest >= 0.9 * steps:
                     raise ChaosError(
                         f"the run came near its target of {steps} batches after {n} kills: "
                         f"give it more train.steps"
@@ -317,6 +321,13 @@ def run_chaos(
     report = ChaosReport(done, audit(run_dir / "ledger"), steps, time.monotonic() - started)
     (out / "chaos.json").write_text(json.dumps(report.as_json(), indent=1))
     return report
+
+
+def kill_points(steps: int, kills: int, rng: random.Random) -> list[int]:
+    """Batch counts to kill at: one at a random place in each of ``kills`` equal slices
+    of the first 80% of ``steps``, so they increase and leave the run its end."""
+    width = 0.8 * steps / max(kills, 1)
+    return [max(1, round(width * (n + rng.uniform(0.2, 0.8)))) for n in range(kills)]
 
 
 def _choose(children: dict[str, int], target: str, rng: random.Random) -> tuple[str, int]:

@@ -5,11 +5,12 @@ none trained twice and no admitted problem left unfinished."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
-from actors.chaos import node_process_name, run_chaos, summary
+from actors.chaos import kill_points, node_process_name, run_chaos, summary
 from tests.test_launch import short_recipe
 
 SHORT_RUN = [*short_recipe(300), "cluster.hung_after=3"]
@@ -33,3 +34,13 @@ def test_node_processes_are_named_from_their_command_lines() -> None:
     assert node_process_name(engine) == "engine/team/0"
     assert node_process_name(learner) == "learner/solver"
     assert node_process_name(["python", "-m", "actors.launch"]) is None
+
+
+def test_kill_points_fall_in_even_slices_of_the_first_80_percent_of_the_run() -> None:
+    for seed in range(20):
+        points = kill_points(300, 4, random.Random(seed))
+        assert len(points) == 4
+        for n, point in enumerate(points):
+            assert 60 * n + 12 <= point <= 60 * n + 48
+    assert kill_points(300, 4, random.Random(1)) == kill_points(300, 4, random.Random(1))
+    assert kill_points(2, 6, random.Random(0))[0] >= 1
