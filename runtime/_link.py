@@ -5,8 +5,9 @@ transport underneath:
 
 * **sequencing**: every data message gets the next sequence number of this link;
 * **at-least-once**: a data message stays in ``unacked`` until the peer acknowledges
-  that it was handled; it is sent again when the peer restarts (a new incarnation)
-  and, if the peer never reported it received, after ``resend_interval``;
+  that it was handled, by an ack or by the settled mark every batch header carries;
+  it is sent again when the peer restarts (a new incarnation) and, if the peer never
+  reported it received, after ``resend_interval``;
 * **de-duplication** of what the peer sends us, by sequence number: a contiguous
   high-water mark plus the set received above it;
 * **credit**: a sender may have at most as many messages in flight to an actor as
@@ -196,8 +197,10 @@ class Link:
             self._recv_hwm = header.base
             self._recv_above = {s for s in self._recv_above if s > header.base}
             self._advance_hwm()
-        if header.peer_incarnation == self.incarnation and header.received > self._peer_received:
-            self._peer_received = header.received
+        if header.peer_incarnation == self.incarnation:
+            if header.received > self._peer_received:
+                self._peer_received = header.received
+            self._settle_through(header.settled)
         restarted = previous not in (0, header.incarnation)
         if restarted or came_up:
             self.wake()  # tell the peer who we are now, and resend
@@ -326,6 +329,20 @@ class Link:
             self._settled(self._unacked.pop(seq, None))
         self._check_acknowledged()
 
+    def _settle_through(self, settled: int) -> None:
+        """The peer has handled every sequence number up to ``settled``: an ack lost
+        with a dropped connection would otherwise leave its message unacknowledged
+        for good, since a message the peer reported received is not sent again."""
+        if settled <= 0 or not self._unacked:
+            return
+        done = []
+        for seq in self._unacked:
+            if seq > settled:
+                break
+            done.append(seq)
+        if done:
+            self.on_ack(done)
+
     def _check_acknowledged(self) -> None:
         if not self._unacked and self._acknowledged is not None:
             self._acknowledged.set()
@@ -422,6 +439,13 @@ class Link:
         self._wake.set()
 
     @property
+    def settled(self) -> int:
+        """Every data sequence number of the peer up to this one is handled."""
+        if self._recv_pending:
+            return min(min(self._recv_pending) - 1, self._recv_hwm)
+        return self._recv_hwm
+
+    @property
     def base(self) -> int:
         """Every data sequence number up to this one is settled."""
         for seq in self._unacked:
@@ -468,7 +492,13 @@ class Link:
     def answer_on(self, connection: Connection) -> None:
         """Send a header-only batch over ``connection`` (not this link's own)."""
         frames = encode_batch(
-            self.local, self.incarnation, self.peer_incarnation, self.base, self._recv_hwm, []
+            self.local,
+            self.incarnation,
+            self.peer_incarnation,
+            self.base,
+            self._recv_hwm,
+            self.settled,
+            [],
         )
         with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):
             connection.send_nowait(frames)
@@ -503,6 +533,7 @@ class Link:
                 self.peer_incarnation,
                 self.base,
                 self._recv_hwm,
+                self.settled,
                 items,
             )
             try:

@@ -438,7 +438,7 @@ class Node:
         """Dial the head and learn its name from its first answer."""
         connection = self._endpoint_or_fail().dial(address)
         self._joining[connection] = address
-        hello = encode_batch(self.name, self.incarnation, 0, 0, 0, [])
+        hello = encode_batch(self.name, self.incarnation, 0, 0, 0, 0, [])
         with anyio.fail_after(self.config.call_timeout):
             while not self._joined.is_set():
                 with contextlib.suppress(anyio.WouldBlock):

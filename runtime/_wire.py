@@ -27,7 +27,7 @@ import msgspec
 
 from ._errors import FrameError
 
-PROTOCOL = 1
+PROTOCOL = 2
 
 Buffer = bytes | memoryview
 
@@ -39,6 +39,7 @@ class Header(msgspec.Struct, array_like=True, frozen=True):
     peer_incarnation: int
     base: int
     received: int
+    settled: int
     items: list[tuple[int, msgspec.Raw]]
 
 
@@ -151,6 +152,7 @@ def encode_batch(
     peer_incarnation: int,
     base: int,
     received: int,
+    settled: int,
     items: Sequence[tuple[bytes, Sequence[Buffer]]],
 ) -> list[Buffer]:
     """Assemble the frames of one batch from encoded items and their buffers."""
@@ -161,6 +163,7 @@ def encode_batch(
         peer_incarnation,
         base,
         received,
+        settled,
         [(len(frames), msgspec.Raw(data)) for data, frames in items],
     )
     out: list[Buffer] = [_encoder.encode(header)]

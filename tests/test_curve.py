@@ -37,7 +37,9 @@ def keys_in(directory: Path) -> CurveKeys:
 def add_to_counter(sender: str, n: int) -> list[bytes]:
     """A well-formed batch that adds ``n`` to the actor named ``counter``."""
     item = msgspec.msgpack.encode(DataOut(1, "counter", "intruder", 0, 0, Add(n)))
-    return [msgspec.msgpack.encode(Header(PROTOCOL, sender, 7, 0, 0, 0, [(0, msgspec.Raw(item))]))]
+    return [
+        msgspec.msgpack.encode(Header(PROTOCOL, sender, 7, 0, 0, 0, 0, [(0, msgspec.Raw(item))]))
+    ]
 
 
 async def test_nodes_holding_the_cluster_keys_talk(tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def header(
     items: list[tuple[int, bytes]], *, sender: str = "fuzzer", protocol: int = PROTOCOL
 ) -> bytes:
     return msgspec.msgpack.encode(
-        Header(protocol, sender, 7, 0, 0, 0, [(n, msgspec.Raw(item)) for n, item in items])
+        Header(protocol, sender, 7, 0, 0, 0, 0, [(n, msgspec.Raw(item)) for n, item in items])
     )
 
 
@@ -129,7 +129,10 @@ def well_framed(draw: st.DrawFn) -> list[bytes]:
     chosen = draw(st.lists(st.tuples(st.integers(0, 2), items), max_size=4))
     incarnation = draw(st.sampled_from([7, 7, 7, 8]))
     base, received = draw(st.integers(0, 50)), draw(st.integers(-2, 50))
-    head = msgspec.msgpack.encode([PROTOCOL, "fuzzer", incarnation, 0, base, received, chosen])
+    settled = draw(st.integers(-2, 50))
+    head = msgspec.msgpack.encode(
+        [PROTOCOL, "fuzzer", incarnation, 0, base, received, settled, chosen]
+    )
     extra = [draw(st.binary(max_size=64)) for _ in range(sum(n for n, _ in chosen))]
     return [head, *extra]
 
@@ -138,7 +141,7 @@ frames_strategy = st.one_of(
     st.lists(st.binary(max_size=512), min_size=1, max_size=4),
     st.builds(
         lambda sender, inc, base, chosen, extra: [
-            msgspec.msgpack.encode([PROTOCOL, sender, inc, 0, base, 0, chosen]),
+            msgspec.msgpack.encode([PROTOCOL, sender, inc, 0, base, 0, 0, chosen]),
             *extra,
         ],
         st.sampled_from(["fuzzer", "", "head"]),
