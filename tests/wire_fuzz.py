@@ -175,7 +175,11 @@ async def fuzz(rig: Rig, cases: int, *, check_every: int = 100) -> FuzzReport:
     checks_before = rig.checks
 
     @settings(
-        max_examples=cases, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        max_examples=cases,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
     )
     @given(frames=frames_strategy)
     def send(frames: list[bytes]) -> None:
