@@ -1,16 +1,16 @@
 """End-to-end suite: relaytrain against TRL's ``GRPOTrainer`` on the same job, on the
 same machine, for the same wall-clock time.
 
-The job is the default recipe's Solver on its own (``configs/marsrl-tiny.toml`` with
-only the Solver role and one agent step) from one warm start (the embedded tiny model
-after 700 supervised steps on all three roles' formats over 4,033 problems), built
-once: both start from that checkpoint, with the same generated problems, prompt,
-sampling, reward (``rewards.marsrl.solver_reward``), group size, batch and
-learning rate. relaytrain runs it with ``bin/launch`` (its engine and learner in node
-processes of their own, one torch thread each); TRL then trains the same warm-started
-checkpoint in one process with two torch threads (the machine's two cores) for as many
-seconds as relaytrain's RL phase took. Both trained models are evaluated by ``bin/launch``'s own
-held-out evaluation.
+The job is the shared-policy recipe's Solver on its own
+(``configs/marsrl-tiny-shared.toml`` with only the Solver role and one agent step) from
+one warm start (the embedded tiny model after 700 supervised steps on all three roles'
+formats over 4,033 problems), built once: both start from that checkpoint, with the same
+generated problems, prompt, sampling, reward (``rewards.marsrl.solver_reward``), group
+size, batch and learning rate. relaytrain runs it with ``bin/launch`` (its engine and
+learner in node processes of their own, one torch thread each); TRL then trains the same
+warm-started checkpoint in one process with two torch threads (the machine's two cores)
+for as many seconds as relaytrain's RL phase took. Both trained models are evaluated by
+``bin/launch``'s own held-out evaluation.
 
 Reported per repetition (the same recipe and seed): samples generated and trained per
 second, held-out Solver accuracy at the start and at equal wall-clock time, and the
@@ -29,10 +29,12 @@ from typing import Any
 
 import msgspec
 
-from actors.launch import DEFAULT_CONFIG, prepare_models
+from actors.launch import prepare_models
 from actors.run_config import RunConfig, dump_config, load_config
 from benchmarks.harness import Figure, write_json
 
+RECIPE = Path(__file__).resolve().parent.parent / "configs" / "marsrl-tiny-shared.toml"
+"""One policy for the three roles: reduced to the Solver, the same job as the default's."""
 PEERS = "RELAYTRAIN_EXTRAS=ml,test,peers bin/bench e2e"
 
 
@@ -59,9 +61,9 @@ def trl_available() -> bool:
 
 
 def kept_start(plan: Plan) -> RunConfig:
-    """The recipe that builds the warm start: the default's three roles (the warm-up
+    """The recipe that builds the warm start: the shared recipe's three roles (the warm-up
     teaches each role's format), over ``train_problems`` problems."""
-    base = load_config(DEFAULT_CONFIG)
+    base = load_config(RECIPE)
     return msgspec.structs.replace(
         base,
         problems=msgspec.structs.replace(base.problems, train=plan.train_problems),

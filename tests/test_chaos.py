@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from actors.chaos import kill_points, node_process_name, run_chaos, summary
-from tests.test_launch import short_recipe
+from tests.test_launch import SHARED, short_recipe
 
 SHORT_RUN = [*short_recipe(300), "cluster.hung_after=3"]
 
@@ -19,7 +19,9 @@ SHORT_RUN = [*short_recipe(300), "cluster.hung_after=3"]
 @pytest.mark.slow
 def test_a_run_killed_four_ways_loses_nothing_and_trains_nothing_twice(tmp_path: Path) -> None:
     targets = ["engine", "learner", "hang", "run"]
-    report = run_chaos([f"--set={o}" for o in SHORT_RUN], tmp_path, kills=4, targets=targets)
+    report = run_chaos(
+        [str(SHARED), *(f"--set={o}" for o in SHORT_RUN)], tmp_path, kills=4, targets=targets
+    )
     assert report.passed, summary(report)
     assert sorted(kill.target for kill in report.kills) == sorted(targets)
     learner = report.audit.learners["team"]

@@ -18,10 +18,9 @@ import pytest
 from actors.cluster import first_host, slurm_task
 from actors.ledger import audit
 from actors.run_config import ConfigError, load_config
-from tests.test_launch import short_recipe
+from tests.test_launch import SHARED, short_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT = ROOT / "configs" / "marsrl-tiny.toml"
 
 
 @pytest.mark.parametrize(
@@ -64,7 +63,7 @@ def test_slurm_environment_gives_rank_and_head() -> None:
 )
 def test_bad_cluster_settings_name_the_field(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        load_config(DEFAULT, overrides)
+        load_config(SHARED, overrides)
 
 
 def free_port() -> int:
@@ -74,8 +73,8 @@ def free_port() -> int:
 
 
 def two_hosts(tmp_path: Path, recipe: list[str]) -> tuple[list[str], int]:
-    """Settings for a run whose engine is on rank 1, over keys made by ``bin/launch
-    keys``, and the head's port."""
+    """Arguments for a run of the shared-policy recipe whose engine is on rank 1, over
+    keys made by ``bin/launch keys``, and the head's port."""
     port = free_port()
     keys = tmp_path / "keys"
     made = subprocess.run(
@@ -95,7 +94,7 @@ def two_hosts(tmp_path: Path, recipe: list[str]) -> tuple[list[str], int]:
         "cluster.placement={'engine/team/0' = 1}",
         *recipe,
     ]
-    return [f"--set={o}" for o in settings], port
+    return [str(SHARED), *(f"--set={o}" for o in settings)], port
 
 
 def start_head(settings: list[str], job: str) -> subprocess.Popen[str]:
@@ -133,7 +132,7 @@ def test_an_engine_on_a_worker_host_serves_the_head_run(tmp_path: Path) -> None:
     ]
     settings, port = two_hosts(tmp_path, recipe)
     head = start_head(settings, "41")
-    run_dir = tmp_path / "marsrl-tiny-slurm41"
+    run_dir = tmp_path / "marsrl-tiny-shared-slurm41"
     worker = subprocess.run(
         worker_command(settings, port, run_dir),
         cwd=ROOT,
@@ -166,7 +165,7 @@ def test_a_worker_host_killed_whole_and_joined_again_serves_the_run_to_its_end(
     port it had, the head's run goes on to its target, and its ledger audits clean."""
     settings, port = two_hosts(tmp_path, short_recipe(60))
     head = start_head(settings, "42")
-    run_dir = tmp_path / "marsrl-tiny-slurm42"
+    run_dir = tmp_path / "marsrl-tiny-shared-slurm42"
     command = worker_command(settings, port, run_dir)
     worker = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, start_new_session=True)
     try:

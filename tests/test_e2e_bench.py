@@ -1,21 +1,20 @@
-"""The end-to-end suite's job is the default recipe reduced to its Solver, and a valid
+"""The end-to-end suite's job is the shared-policy recipe reduced to its Solver, and a valid
 recipe: it survives bin/launch's own config checks."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from actors.launch import DEFAULT_CONFIG
 from actors.run_config import dump_config, load_config
-from benchmarks.e2e import QUICK, solver_config
+from benchmarks.e2e import QUICK, RECIPE, solver_config
 
 
-def test_the_solver_job_is_the_default_recipe_with_one_role(tmp_path: Path) -> None:
+def test_the_solver_job_is_the_shared_recipe_with_one_role(tmp_path: Path) -> None:
     config = solver_config(QUICK, rep=3, runs_dir=tmp_path, model=str(tmp_path / "start"))
     path = tmp_path / "solver.toml"
     path.write_text(dump_config(config))
     loaded = load_config(path)
-    default = load_config(DEFAULT_CONFIG)
+    default = load_config(RECIPE)
     assert loaded == config
     assert loaded.roles == {"solver": "team"} and loaded.conductor.max_agent_steps == 1
     assert loaded.learner == default.learner

@@ -24,6 +24,9 @@ from actors.report import write_report
 from actors.run_config import ConfigError, dump_config, load_config
 
 DEFAULT = Path(__file__).resolve().parent.parent / "configs"
+SHARED = DEFAULT / "marsrl-tiny-shared.toml"
+"""The default recipe with one policy for all three roles: the lightest full run, so the
+launcher's plumbing tests run it."""
 
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in DEFAULT.glob("*.toml")))
@@ -53,7 +56,7 @@ def test_a_bad_recipe_names_the_field(overrides: list[str], message: str) -> Non
 
 def test_overrides_are_read_as_toml_values() -> None:
     config = load_config(
-        DEFAULT / "marsrl-tiny.toml",
+        SHARED,
         ["learner.lr=3e-4", "train.steps=7", "conductor.selection=random", "name=x"],
     )
     assert config.learner["lr"] == 3e-4 and config.train.steps == 7
@@ -103,7 +106,7 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
         "eval.problems=4",
     ]
     root = Path(__file__).resolve().parent.parent
-    done = launch(*(f"--set={o}" for o in short), cwd=root)
+    done = launch(str(SHARED), *(f"--set={o}" for o in short), cwd=root)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert "held-out accuracy, 4 problems" in done.stdout
@@ -225,15 +228,15 @@ def test_a_broken_model_is_named_before_anything_starts(
     tiny_path: Path, tmp_path: Path, fault: str, message: str
 ) -> None:
     model = broken_copy(tiny_path, tmp_path, fault)
-    done = launch(f"--set=runs_dir='{tmp_path / 'runs'}'", f"--set=policies.team.model='{model}'")
+    done = launch(f"--set=runs_dir='{tmp_path / 'runs'}'", f"--set=policies.solver.model='{model}'")
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    field = rf"\$\.policies\.team\.model: model path '{re.escape(str(model))}'"
+    field = rf"\$\.policies\.solver\.model: model path '{re.escape(str(model))}'"
     assert re.search(field + message, done.stderr), done.stderr
     assert not (tmp_path / "runs").exists()
 
 
 def short_recipe(steps: int) -> list[str]:
-    """Overrides that make the embedded recipe a short run of ``steps`` batches, each a
+    """Overrides that make the shared-policy recipe a short run of ``steps`` batches, each a
     step, checkpointed every 2, evaluated only at its end on 2 problems."""
     return [
         f"train.steps={steps}",
@@ -250,7 +253,7 @@ def short_recipe(steps: int) -> list[str]:
 
 def short_run(tmp_path: Path, steps: int) -> list[str]:
     runs = f"runs_dir='{tmp_path / 'runs'}'"
-    return [f"--set={o}" for o in [runs, *short_recipe(steps)]]
+    return [str(SHARED), *(f"--set={o}" for o in [runs, *short_recipe(steps)])]
 
 
 def start_short_run(tmp_path: Path, steps: int, *, stdout: int) -> subprocess.Popen[str]:

@@ -25,7 +25,7 @@ import pytest
 from actors.ledger import audit
 from actors.run_config import load_config
 from tests.fault_proxy import FaultProxy, inject_randomly
-from tests.test_launch import ROOT, short_recipe
+from tests.test_launch import ROOT, SHARED, short_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -91,7 +91,7 @@ async def test_a_run_across_two_namespaces_survives_link_trouble(
         "cluster.placement={'engine/team/0' = 1}",
         *short_recipe(30),
     ]
-    config = load_config(None, settings)
+    config = load_config(SHARED, settings)
     processes = config.node_processes()
     worker_ports = {PORT + 1 + processes.index("engine/team/0"), PORT + len(processes) + 1}
     head_ports = {PORT, PORT + 1 + processes.index("learner/team")}
@@ -103,12 +103,12 @@ async def test_a_run_across_two_namespaces_survives_link_trouble(
     def host(namespace: str, address: str, advertise: str) -> list[str]:
         per_host = [f"cluster.interface='{address}'", f"cluster.advertise='{advertise}'"]
         return [
-            *("ip", "netns", "exec", namespace, sys.executable, "-m", "actors.launch"),
+            *("ip", "netns", "exec", namespace, sys.executable, "-m", "actors.launch", str(SHARED)),
             *(f"--set={s}" for s in [*settings, *per_host]),
         ]
 
     slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "head"}
-    run_dir = tmp_path / "marsrl-tiny-slurm77"
+    run_dir = tmp_path / "marsrl-tiny-shared-slurm77"
     join = ["--join", f"tcp://{ROOT_ON_WORKER_SIDE}:{PORT}", "--rank", "1"]
     done: dict[str, subprocess.CompletedProcess[bytes]] = {}
 
