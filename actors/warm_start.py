@@ -68,7 +68,7 @@ def format_examples(
             own = _answer(problem, honest, rng)
             target = f"\\boxed{{{own}}}\n{'Correct' if own == shown else 'Wrong'}"
         elif kind == "code":
-            target = f"```python\nprint({_answer(problem, honest, rng)})\n```"
+            target = f"```python\nprint({_printed(problem, honest, rng)})\n```"
         else:
             target = f"\\boxed{{{_answer(problem, honest, rng)}}}"
         examples.append((role.render(inputs), target))
@@ -83,6 +83,14 @@ def _answer(problem: Problem, right: bool, rng: random.Random) -> str:
     except ValueError:
         return str(rng.randrange(10))
     return str(max(0, value + rng.choice([-3, -2, -1, 1, 2, 3])))
+
+
+def _printed(problem: Problem, right: bool, rng: random.Random) -> str:
+    """What a code target prints: when right, the problem's expression where it has
+    one, so that the sandbox does the sum, as an executor's code should, and the tool
+    has something to add to the Solver's guess; else a wrong number."""
+    expression = problem.metadata.get("expression") if right else None
+    return expression or _answer(problem, right, rng)
 
 
 def teach_formats(

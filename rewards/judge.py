@@ -308,9 +308,11 @@ class RuleJudge:
     An action scores ``correct`` (10) if its output holds an answer equivalent to the
     request's reference, ``parsed`` (2) if it holds some other answer, ``nothing`` (0)
     if none parses. For roles in ``observation_roles`` (the code executor, whose
-    answer is what its code printed) the tool's observation counts as output too: an
-    answer in either will do. Without a reference there is nothing to check: the
-    neutral ``FALLBACK_SCORE``.
+    answer is what its code printed) only the tool's observation counts: when an
+    answer written in the executor's text counted too, the tiny executors of the MAPPA
+    run stopped writing code and guessed in ``\\boxed{}`` like the Solver, and the
+    tool went unused. Without a reference there is nothing to check: the neutral
+    ``FALLBACK_SCORE``.
     """
 
     def __init__(
@@ -333,15 +335,11 @@ class RuleJudge:
         correct, parsed, nothing = self.scores
         if not request.reference:
             return FALLBACK_SCORE
-        texts = [request.output]
-        if request.role in self.observation_roles:
-            texts.append(request.observation)
-        answers = [a for a in map(extract_answer, texts) if a is not None]
-        if not answers:
+        observed = request.role in self.observation_roles
+        answer = extract_answer(request.observation if observed else request.output)
+        if answer is None:
             return nothing
-        if any(is_equivalent(answer, request.reference) for answer in answers):
-            return correct
-        return parsed
+        return correct if is_equivalent(answer, request.reference) else parsed
 
     def statistics(self) -> JudgeStats:
         return self._tally.snapshot()

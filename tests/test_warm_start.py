@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from actors.problems import arithmetic_problems
+from actors.roles import parse_code
 from actors.warm_start import format_examples
 from rewards.answers import extract_answer
+from rewards.sandbox import run_python
 
 
 def _corrector_examples(correct: float) -> list[tuple[str, str, str]]:
@@ -37,3 +41,22 @@ def test_the_corrector_targets_are_right_as_often_as_the_recipe_says() -> None:
     rows = _corrector_examples(correct=0.3)
     right = sum(target == reference for reference, _, target in rows) / len(rows)
     assert 0.25 < right < 0.35
+
+
+@pytest.mark.anyio
+async def test_a_right_code_target_leaves_the_sum_to_the_sandbox() -> None:
+    """A right target prints the problem's expression, for the sandbox to compute; a
+    wrong one prints a number that is not the answer."""
+    problems = {p.text: p for p in arithmetic_problems(42, difficulty=1)}
+    examples = format_examples(["code_executor"], list(problems.values()), 400, correct=0.3)
+    computed = []
+    for chat, target in examples:
+        problem = problems[chat[1].content.split("\n")[0].removeprefix("Problem: ")]
+        code = parse_code(target).code
+        if code == f"print({problem.metadata['expression']})\n":
+            computed.append((code, problem.answer))
+        else:
+            assert re.fullmatch(r"print\((\d+)\)\n", code) and code != f"print({problem.answer})\n"
+    assert 0.25 < len(computed) / len(examples) < 0.35
+    for code, answer in computed[:3]:
+        assert (await run_python(code)).stdout.strip() == answer

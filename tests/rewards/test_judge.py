@@ -200,6 +200,7 @@ async def test_at_most_concurrency_requests_are_with_the_coach() -> None:
         (JudgeRequest("final_verifier", "", "I am not sure.", reference="7"), 0.0),
         (JudgeRequest("problem_solver", "", "\\boxed{7}"), FALLBACK_SCORE),
         (JudgeRequest("code_executor", "", "print(3 + 4)", "7\n", reference="7"), 10.0),
+        (JudgeRequest("code_executor", "", "\\boxed{7}", "no code was given", reference="7"), 0.0),
         (JudgeRequest("final_verifier", "", "Checked it.", "7\n", reference="7"), 0.0),
     ],
 )
