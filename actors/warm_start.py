@@ -56,13 +56,15 @@ def format_examples(
         problem = rng.choice(problems)
         shown_right = rng.random() < 0.5
         shown = _answer(problem, shown_right, rng)
+        kind = _KIND.get(role.name, "answer")
         inputs = {
             "problem": problem.text,
             "solution": f"\\boxed{{{shown}}}",
             "report": f"\\boxed{{{_answer(problem, rng.random() < 0.5, rng)}}}\nWrong",
-            "observation": shown,
+            # The code executor writes its code on the first turn, before any tool result:
+            # taught only on second turns, its first-turn code came out as fragments.
+            "observation": "" if kind == "code" else shown,
         }
-        kind = _KIND.get(role.name, "answer")
         honest = rng.random() < correct
         if kind == "verdict":
             own = _answer(problem, honest, rng)
