@@ -31,7 +31,7 @@ import anyio.lowlevel
 import msgspec
 
 from ._config import NodeConfig
-from ._errors import ActorNotFound
+from ._errors import ActorNotFound, PeerUnavailable
 from ._transport import Buffer, Connection
 from ._wire import (
     Ack,
@@ -233,17 +233,25 @@ class Link:
     def mark_down(self, now: float) -> None:
         self.state = LinkState.DOWN
         self.since = now
+        for credit in self._credits.values():
+            credit.wake()  # a call waiting for credit gives up; a send waits on
 
     # -- outbound data --------------------------------------------------------------
 
-    async def acquire_credit(self, target: str) -> None:
+    async def acquire_credit(self, target: str, *, unless_down: bool = False) -> None:
         """Take one credit for ``target``, asking the peer for more and waiting if
-        there is none. Raises ActorNotFound if the peer has no such actor."""
+        there is none. Raises ActorNotFound if the peer has no such actor, and, with
+        ``unless_down``, PeerUnavailable if the link is or goes down while waiting: a
+        call cannot be answered by a node that is down, a one-way send can wait."""
         await anyio.lowlevel.checkpoint_if_cancelled()
         credit = self._credits.get(target)
         if credit is None:
             credit = self._credits[target] = _Credit()
         while credit.balance <= 0:
+            if unless_down and self.state is LinkState.DOWN:
+                raise PeerUnavailable(
+                    f"node {self.peer!r} went down while a call to {target!r} waited for credit"
+                )
             self._ask(target, credit)
             if credit.waiter is None:
                 credit.waiter = anyio.Event()

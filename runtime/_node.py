@@ -334,7 +334,7 @@ class Node:
                             f"node {ref.node!r} is down (no heartbeat for "
                             f"{self.config.heartbeat_timeout} s); cannot call {ref}"
                         )
-                    await link.acquire_credit(ref.name)
+                    await link.acquire_credit(ref.name, unless_down=True)
                     pending.link = link
                     self._calls[call_id] = pending
                     pending.seq = self._enqueue(link, ref.name, request, source, call_id)

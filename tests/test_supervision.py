@@ -192,3 +192,51 @@ async def test_capture_records_what_an_actor_sent(autojump_clock: trio.testing.M
         for key in range(3):
             await worker.send(sink, Record(key))
         assert await capture.wait_for(3) == [Record(0), Record(1), Record(2)]
+
+
+@pytest.mark.trio
+async def test_a_call_waiting_for_credit_fails_when_its_peer_goes_down(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    config = NodeConfig(heartbeat_interval=0.5, heartbeat_timeout=3.0, shutdown_timeout=0.1)
+    network = MemoryNetwork()
+    async with open_node("head", listen="mem://head", config=config, transport=network) as head:
+        worker_scope = anyio.CancelScope()
+        started = anyio.Event()
+
+        async def worker() -> None:
+            with worker_scope:
+                async with open_node(
+                    "worker",
+                    listen="mem://worker",
+                    head="mem://head",
+                    config=config,
+                    transport=network,
+                ) as node:
+                    await node.spawn("counter", Counter)
+                    started.set()
+                    await anyio.sleep_forever()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(worker)
+            await started.wait()
+            counter = await head.lookup("counter", timeout=1)
+
+            async def hang() -> None:
+                with pytest.raises(PeerUnavailable):
+                    await head.call(counter, Hang(), timeout=60)
+
+            tasks.start_soon(hang)  # the counter is busy from now on
+            sent = 0
+            while True:  # until a send waits a second: the counter's credit is used up
+                with anyio.move_on_after(1.0) as waited:
+                    await head.send(counter, Add(1))
+                if waited.cancelled_caught:
+                    break
+                sent += 1
+            assert sent > 0
+            worker_scope.cancel()
+            start = anyio.current_time()
+            with pytest.raises(PeerUnavailable, match="'worker' went down while a call"):
+                await head.call(counter, Get(), timeout=60)
+            assert anyio.current_time() - start <= 3.0 + 0.25
