@@ -49,6 +49,9 @@ class PolicyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Seeds the embedded model's initialisation and warm start; None: the run's
     ``seed``. Fixed, every seed of a recipe starts RL from the same checkpoint, as runs
     from one pretrained model do, and the run's seed varies RL alone."""
+    learner: dict[str, Any] = {}
+    """``LearnerConfig`` fields for this policy's learner alone, over the run's
+    ``learner`` table: with a policy per role, each role can learn at its own rate."""
 
 
 class JudgeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -182,7 +185,10 @@ class RunConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return load_cluster_keys(self.cluster.keys) if self.cluster.keys else None
 
     def learner_config(self, policy: str, **wiring: Any) -> LearnerConfig:
-        return msgspec.convert({**self.learner, "policy": policy, **wiring}, LearnerConfig)
+        """The run's ``learner`` table, under the policy's own ``learner`` settings."""
+        own = self.policies[policy].learner
+        settings = {**self.learner, **own, "policy": policy, **wiring}
+        return msgspec.convert(settings, LearnerConfig)
 
     def sampling_for(self, role: str) -> SamplingParams:
         return self.sampling.get(role, self.default_sampling)
@@ -282,10 +288,15 @@ def _check(config: RunConfig) -> None:
                 f"$.cluster.placement.{process}: rank {rank} is not in 0..{cluster.hosts - 1}"
             )
     for policy in config.policies:
-        try:
-            config.learner_config(policy)
-        except msgspec.ValidationError as error:
-            raise ConfigError(f"learner settings: {error}".replace("`$", "`$.learner")) from None
+        for where, settings in (
+            ("$.learner", config.learner),
+            (f"$.policies.{policy}.learner", {**config.learner, **config.policies[policy].learner}),
+        ):
+            try:
+                msgspec.convert({**settings, "policy": policy}, LearnerConfig)
+            except msgspec.ValidationError as error:
+                detail = str(error).replace("`$", f"`{where}")
+                raise ConfigError(f"{where}: {detail}") from None
 
 
 def _assign(data: dict[str, Any], keys: list[str], value: Any) -> None:

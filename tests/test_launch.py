@@ -40,7 +40,8 @@ def test_every_shipped_recipe_loads_and_round_trips(recipe: str, tmp_path: Path)
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["learner.lr_rate=1e-4"], r"lr_rate"),
+        (["learner.lr_rate=1e-4"], r"\$\.learner: .*lr_rate"),
+        (["policies.verifier.learner.lr_rate=1e-4"], r"\$\.policies\.verifier\.learner: .*lr_rate"),
         (["conductor.group_sise=4"], r"group_sise.*\$\.conductor"),
         (["roles.critic=team"], r"\$\.roles\.critic: no such role"),
         (["roles.solver=nobody"], r"\$\.roles\.solver: policy 'nobody'"),
@@ -62,6 +63,13 @@ def test_overrides_are_read_as_toml_values() -> None:
     assert config.learner["lr"] == 3e-4 and config.train.steps == 7
     assert config.conductor.selection == "random" and config.name == "x"
     assert config.learner_config("team").lr == 3e-4
+
+
+def test_a_policy_learns_at_its_own_rate_over_the_shared_learner_settings() -> None:
+    config = load_config(DEFAULT / "marsrl-tiny.toml", ["policies.verifier.learner.lr=4e-4"])
+    assert config.learner_config("verifier").lr == 4e-4
+    assert config.learner_config("solver").lr == config.learner["lr"] != 4e-4
+    assert config.learner_config("verifier").kl_coef == config.learner["kl_coef"]
 
 
 ROOT = Path(__file__).resolve().parent.parent
