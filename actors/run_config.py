@@ -287,16 +287,18 @@ def _check(config: RunConfig) -> None:
             raise ConfigError(
                 f"$.cluster.placement.{process}: rank {rank} is not in 0..{cluster.hosts - 1}"
             )
-    for policy in config.policies:
-        for where, settings in (
-            ("$.learner", config.learner),
-            (f"$.policies.{policy}.learner", {**config.learner, **config.policies[policy].learner}),
-        ):
-            try:
-                msgspec.convert({**settings, "policy": policy}, LearnerConfig)
-            except msgspec.ValidationError as error:
-                detail = str(error).replace("`$", f"`{where}")
-                raise ConfigError(f"{where}: {detail}") from None
+    tables = [("$.learner", config.learner)] + [
+        (f"$.policies.{policy}.learner", {**config.learner, **settings.learner})
+        for policy, settings in config.policies.items()
+    ]
+    for where, table in tables:
+        try:
+            msgspec.convert({**table, "policy": "checked"}, LearnerConfig)
+        except msgspec.ValidationError as error:
+            detail = str(error).replace("`$", f"`{where}")
+            if f"`{where}" not in detail:
+                detail += f" - at `{where}`"
+            raise ConfigError(f"learner settings: {detail}") from None
 
 
 def _assign(data: dict[str, Any], keys: list[str], value: Any) -> None:

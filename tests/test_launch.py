@@ -40,8 +40,11 @@ def test_every_shipped_recipe_loads_and_round_trips(recipe: str, tmp_path: Path)
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["learner.lr_rate=1e-4"], r"\$\.learner: .*lr_rate"),
-        (["policies.verifier.learner.lr_rate=1e-4"], r"\$\.policies\.verifier\.learner: .*lr_rate"),
+        (["learner.lr_rate=1e-4"], r"lr_rate.* - at `\$\.learner`"),
+        (
+            ["policies.verifier.learner.lr_rate=1e-4"],
+            r"lr_rate.* - at `\$\.policies\.verifier\.learner`",
+        ),
         (["conductor.group_sise=4"], r"group_sise.*\$\.conductor"),
         (["roles.critic=team"], r"\$\.roles\.critic: no such role"),
         (["roles.solver=nobody"], r"\$\.roles\.solver: policy 'nobody'"),
