@@ -1,5 +1,5 @@
 """A run's recipe: one TOML file decoded into Structs that forbid unknown fields, so a
-typo is an error naming the field's path (``$.learner.lr_rate``) before any process
+typo is an error naming the field's path (``$.conductor.group_sise``) before any process
 starts. ``--set key.path=value`` edits the decoded TOML before validation; values are
 read as TOML (``--set learner.lr=3e-4``), and anything that is not a TOML value is a
 string.
