@@ -3,12 +3,18 @@ virtual time (pytest-trio's autojump_clock) over the in-memory transport."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import anyio
 import pytest
 import trio
+from anyio.abc import TaskGroup
 
 from runtime import (
     Actor,
+    ActorRef,
+    Node,
     NodeConfig,
     PeerUnavailable,
     SupervisionEscalated,
@@ -139,10 +145,11 @@ async def test_too_many_restarts_escalate_to_the_node(
             await anyio.sleep_forever()
 
 
-@pytest.mark.trio
-async def test_a_silent_node_is_detected_within_the_heartbeat_timeout(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
+@asynccontextmanager
+async def head_and_worker() -> AsyncIterator[tuple[Node, ActorRef, anyio.CancelScope, TaskGroup]]:
+    """A head and a worker node hosting a Counter, heartbeats every 0.5 s and a 3 s
+    timeout; yields the head, the counter, the scope whose cancelling silences the
+    worker, and a task group to run things beside the test."""
     config = NodeConfig(heartbeat_interval=0.5, heartbeat_timeout=3.0, shutdown_timeout=0.1)
     network = MemoryNetwork()
     async with open_node("head", listen="mem://head", config=config, transport=network) as head:
@@ -166,22 +173,31 @@ async def test_a_silent_node_is_detected_within_the_heartbeat_timeout(
             tasks.start_soon(worker)
             await started.wait()
             counter = await head.lookup("counter", timeout=1)
-            await head.send(counter, Add(1))
-            assert await head.call(counter, Get(), timeout=1) == Count(1)
+            yield head, counter, worker_scope, tasks
+            worker_scope.cancel()
 
-            async def stop_worker_soon() -> None:
-                await anyio.sleep(1.0)
-                worker_scope.cancel()
 
-            tasks.start_soon(stop_worker_soon)
-            start = anyio.current_time()
-            with pytest.raises(PeerUnavailable, match="'worker' stopped answering"):
-                await head.call(counter, Hang(), timeout=60)
-            silent_for = anyio.current_time() - start - 1.0
-            # The last heartbeat left at most one interval before the stop; ticks run
-            # every half interval.
-            assert 3.0 - 0.5 <= silent_for <= 3.0 + 0.25
-            assert head.link_statistics("worker").state == "down"
+@pytest.mark.trio
+async def test_a_silent_node_is_detected_within_the_heartbeat_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with head_and_worker() as (head, counter, worker_scope, tasks):
+        await head.send(counter, Add(1))
+        assert await head.call(counter, Get(), timeout=1) == Count(1)
+
+        async def stop_worker_soon() -> None:
+            await anyio.sleep(1.0)
+            worker_scope.cancel()
+
+        tasks.start_soon(stop_worker_soon)
+        start = anyio.current_time()
+        with pytest.raises(PeerUnavailable, match="'worker' stopped answering"):
+            await head.call(counter, Hang(), timeout=60)
+        silent_for = anyio.current_time() - start - 1.0
+        # The last heartbeat left at most one interval before the stop; ticks run
+        # every half interval.
+        assert 3.0 - 0.5 <= silent_for <= 3.0 + 0.25
+        assert head.link_statistics("worker").state == "down"
 
 
 @pytest.mark.trio
@@ -198,45 +214,23 @@ async def test_capture_records_what_an_actor_sent(autojump_clock: trio.testing.M
 async def test_a_call_waiting_for_credit_fails_when_its_peer_goes_down(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    config = NodeConfig(heartbeat_interval=0.5, heartbeat_timeout=3.0, shutdown_timeout=0.1)
-    network = MemoryNetwork()
-    async with open_node("head", listen="mem://head", config=config, transport=network) as head:
-        worker_scope = anyio.CancelScope()
-        started = anyio.Event()
+    async with head_and_worker() as (head, counter, worker_scope, tasks):
 
-        async def worker() -> None:
-            with worker_scope:
-                async with open_node(
-                    "worker",
-                    listen="mem://worker",
-                    head="mem://head",
-                    config=config,
-                    transport=network,
-                ) as node:
-                    await node.spawn("counter", Counter)
-                    started.set()
-                    await anyio.sleep_forever()
+        async def hang() -> None:
+            with pytest.raises(PeerUnavailable):
+                await head.call(counter, Hang(), timeout=60)
 
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(worker)
-            await started.wait()
-            counter = await head.lookup("counter", timeout=1)
-
-            async def hang() -> None:
-                with pytest.raises(PeerUnavailable):
-                    await head.call(counter, Hang(), timeout=60)
-
-            tasks.start_soon(hang)  # the counter is busy from now on
-            sent = 0
-            while True:  # until a send waits a second: the counter's credit is used up
-                with anyio.move_on_after(1.0) as waited:
-                    await head.send(counter, Add(1))
-                if waited.cancelled_caught:
-                    break
-                sent += 1
-            assert sent > 0
-            worker_scope.cancel()
-            start = anyio.current_time()
-            with pytest.raises(PeerUnavailable, match="'worker' went down while a call"):
-                await head.call(counter, Get(), timeout=60)
-            assert anyio.current_time() - start <= 3.0 + 0.25
+        tasks.start_soon(hang)  # the counter is busy from now on
+        sent = 0
+        while True:  # until a send waits a second: the counter's credit is used up
+            with anyio.move_on_after(1.0) as waited:
+                await head.send(counter, Add(1))
+            if waited.cancelled_caught:
+                break
+            sent += 1
+        assert sent > 0
+        worker_scope.cancel()
+        start = anyio.current_time()
+        with pytest.raises(PeerUnavailable, match="'worker' went down while a call"):
+            await head.call(counter, Get(), timeout=60)
+        assert anyio.current_time() - start <= 3.0 + 0.25
