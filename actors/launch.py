@@ -155,13 +155,13 @@ def check_models(config: RunConfig) -> None:
 def prepare_models(config: RunConfig, run_dir: Path) -> dict[str, str]:
     """The checkpoint path of every policy; builds and warm-starts embedded ones.
 
-    Every embedded policy learns the formats of every role of the run, and policies
-    with the same warm-start settings start from one copy of the same weights: as all
-    agents of the papers start from one pretrained checkpoint, so that one policy per
-    role and one shared policy differ only in what RL does to them, and the warm start
-    runs once rather than once per policy."""
+    An embedded policy learns the formats of its ``warm_start_roles`` (by default every
+    role of the run), and policies with the same warm-start settings start from one
+    copy of the same weights: as all agents of the papers start from one pretrained
+    checkpoint, so that one policy per role and one shared policy differ only in what
+    RL does to them, and the warm start runs once rather than once per policy."""
     paths: dict[str, str] = {}
-    built: dict[tuple[int, float, int], Path] = {}
+    built: dict[tuple[object, ...], Path] = {}
     for policy, settings in config.policies.items():
         if settings.model != EMBEDDED:
             paths[policy] = settings.model
@@ -170,6 +170,9 @@ def prepare_models(config: RunConfig, run_dir: Path) -> dict[str, str]:
         recipe = (
             settings.warm_start_steps,
             settings.warm_start_correct,
+            settings.warm_start_examples,
+            warm_start_roles(config, policy),
+            settings.warm_start_findings,
             warm_start_seed(config, policy),
         )
         if not path.is_dir():
@@ -195,16 +198,21 @@ def warm_start_seed(config: RunConfig, policy: str) -> int:
     return config.seed if seed is None else seed
 
 
+def warm_start_roles(config: RunConfig, policy: str) -> tuple[str, ...]:
+    return config.policies[policy].warm_start_roles or tuple(config.roles)
+
+
 def _build_embedded(config: RunConfig, policy: str, path: Path) -> None:
     settings = config.policies[policy]
     seed = warm_start_seed(config, policy)
     build_tiny_checkpoint(path, seed=seed)
-    roles = list(config.roles)
+    roles = list(warm_start_roles(config, policy))
     examples = format_examples(
         roles,
         problems_of(msgspec.structs.replace(config, seed=seed), "train"),
-        4096,
+        settings.warm_start_examples,
         correct=settings.warm_start_correct,
+        findings=settings.warm_start_findings,
         seed=seed,
     )
     print(

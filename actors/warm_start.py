@@ -12,7 +12,9 @@ is RL's own.
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -36,6 +38,7 @@ def format_examples(
     count: int,
     *,
     correct: float = 0.0,
+    findings: Literal["result", "parity"] = "result",
     seed: int = 0,
 ) -> list[tuple[list[ChatTurn], str]]:
     """``count`` (chat, target) pairs spread over ``roles``, built with each role's own
@@ -48,7 +51,11 @@ def format_examples(
     answers holds a result that is right half of the time, whatever ``correct`` is: when
     it was always right, the Corrector learnt to copy it (77% and 97% of its greedy
     answers to a wrong review, for seeds 0 and 1, none of them right), and in RL, where
-    the Verifier's result is often wrong, its reward fell to about 0.01."""
+    the Verifier's result is often wrong, its reward fell to about 0.01.
+
+    ``findings="parity"`` makes the Verifier's findings a check it can learn in full
+    (see ``parity_findings``), and the reviews the Corrector reads are that check
+    failing, as the Corrector only ever sees failing reviews."""
     rng = random.Random(seed)
     examples = []
     for i in range(count):
@@ -57,16 +64,21 @@ def format_examples(
         shown_right = rng.random() < 0.5
         shown = _answer(problem, shown_right, rng)
         kind = _KIND.get(role.name, "answer")
+        review = f"\\boxed{{{_answer(problem, rng.random() < 0.5, rng)}}}\nWrong"
+        if findings == "parity":
+            review = parity_findings(problem, shown, failing=True)
         inputs = {
             "problem": problem.text,
             "solution": f"\\boxed{{{shown}}}",
-            "report": f"\\boxed{{{_answer(problem, rng.random() < 0.5, rng)}}}\nWrong",
+            "report": review,
             # The code executor writes its code on the first turn, before any tool result:
             # taught only on second turns, its first-turn code came out as fragments.
             "observation": "" if kind == "code" else shown,
         }
         honest = rng.random() < correct
-        if kind == "verdict":
+        if kind == "verdict" and findings == "parity":
+            target = parity_findings(problem, shown)
+        elif kind == "verdict":
             own = _answer(problem, honest, rng)
             target = f"\\boxed{{{own}}}\n{'Correct' if own == shown else 'Wrong'}"
         elif kind == "code":
@@ -75,6 +87,32 @@ def format_examples(
             target = f"\\boxed{{{_answer(problem, honest, rng)}}}"
         examples.append((role.render(inputs), target))
     return examples
+
+
+def parity_findings(problem: Problem, shown: str, *, failing: bool = False) -> str:
+    """A Verifier's findings on an integer problem, as a check on the last digit's
+    parity, then the verdict: ``e``/``o`` for the even/odd last digit of each number in
+    the problem, the parity the answer must have, the shown answer's, ``y``/``n`` for
+    whether the two agree, and ``Correct`` or ``Wrong`` on a line of its own.
+    ``failing`` writes the findings on an answer of the other parity (a review that
+    reports an error).
+
+    A tiny model cannot add two-digit numbers well enough to check a sum by doing it
+    (its own results were wrong about half the time), so a verdict made by comparing
+    with its own result stays near chance. The parity of a sum takes one-character
+    steps, each learnt in full by a warm start of 600 Verifier-only steps (greedy
+    verdicts matched the check on every held-out example). It catches an answer off by
+    an odd amount and passes one off by an even amount."""
+    if not problem.answer.lstrip("-").isdigit():
+        raise ValueError(
+            f"parity findings need an integer answer; {problem.problem_id} has {problem.answer!r}"
+        )
+    numbers = re.findall(r"\d+", problem.text)
+    must = int(problem.answer[-1]) % 2
+    has = int(shown[-1]) % 2 if shown[-1:].isdigit() and not failing else 1 - must
+    marks = "".join("eo"[int(digits[-1]) % 2] for digits in numbers) + "eo"[must] + "eo"[has]
+    agree = must == has
+    return f"{marks}{'y' if agree else 'n'}\n{'Correct' if agree else 'Wrong'}"
 
 
 def _answer(problem: Problem, right: bool, rng: random.Random) -> str:

@@ -51,6 +51,14 @@ def test_every_shipped_recipe_loads_and_round_trips(recipe: str, tmp_path: Path)
         (["conductor.workflow=chess"], r"\$\.conductor\.workflow: 'chess'"),
         (["imports=['no_such_module']"], r"\$\.imports: cannot import 'no_such_module'"),
         (["train.steps"], r"expected key\.path=value"),
+        (
+            ["policies.verifier.warm_start_roles=['judge']"],
+            r"\$\.policies\.verifier\.warm_start_roles: 'judge' is not in \$\.roles",
+        ),
+        (
+            ["policies.verifier.warm_start_findings=sums"],
+            r"Invalid enum value .sums. - at `\$\.policies\[\.\.\.\]\.warm_start_findings`",
+        ),
     ],
 )
 def test_a_bad_recipe_names_the_field(overrides: list[str], message: str) -> None:
@@ -183,6 +191,31 @@ def test_policies_with_one_warm_start_recipe_start_as_copies_of_one_model(
     assert solver.keys() == verifier.keys() == corrector.keys()
     assert all(torch.equal(solver[k], verifier[k]) for k in solver)
     assert not all(torch.equal(solver[k], corrector[k]) for k in solver)
+
+
+def test_a_policy_warm_started_on_its_own_role_is_taught_that_role_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import actors.launch
+    from actors.launch import prepare_models
+
+    taught: dict[str, set[str]] = {}
+    teach = actors.launch.teach_formats
+
+    def recorded(path: Path, examples: list[Any], **kwargs: Any) -> float:
+        taught[Path(path).name] = {chat[0].content.split(".")[0] for chat, _ in examples}
+        return teach(path, examples, **kwargs)
+
+    monkeypatch.setattr(actors.launch, "teach_formats", recorded)
+    recipe = tmp_path / "per-role.toml"
+    recipe.write_text(
+        '[policies.solver]\nwarm_start_steps = 2\nwarm_start_roles = ["solver", "corrector"]\n'
+        '[policies.verifier]\nwarm_start_steps = 2\nwarm_start_roles = ["verifier"]\n'
+        '[roles]\nsolver = "solver"\nverifier = "verifier"\ncorrector = "solver"\n'
+        "[problems]\ntrain = 64\ntest = 8\n"
+    )
+    prepare_models(load_config(recipe), tmp_path)
+    assert taught == {".solver.building": {"Solver"}, ".verifier.building": {"Verifier"}}
 
 
 def test_a_fixed_warm_start_seed_gives_every_run_seed_the_same_start(tmp_path: Path) -> None:

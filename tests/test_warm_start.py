@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 
+import msgspec
 import pytest
 
+from actors.messages import Problem
 from actors.problems import arithmetic_problems
 from actors.roles import parse_code, role_named
-from actors.warm_start import format_examples
+from actors.warm_start import format_examples, parity_findings
 from rewards.answers import extract_answer
 from rewards.sandbox import run_python
 
@@ -72,3 +74,37 @@ def test_the_code_executor_is_taught_the_turn_on_which_it_writes_code() -> None:
     examples = format_examples(["code_executor", "final_verifier"], problems, 40, correct=0.3)
     assert all(len(chat) == len(first_turn) for chat, _ in examples[0::2])
     assert all("Tool result: \n" not in chat[1].content for chat, _ in examples[1::2])
+
+
+def test_parity_findings_pass_an_answer_of_the_right_parity_and_fail_the_other() -> None:
+    problem = Problem(problem_id="arith-23+45", text="What is 23 + 45?", answer="68")
+    assert parity_findings(problem, "68") == "ooeey\nCorrect"
+    assert parity_findings(problem, "70") == "ooeey\nCorrect", "off by two passes"
+    assert parity_findings(problem, "67") == "ooeon\nWrong"
+    assert parity_findings(problem, "68", failing=True) == "ooeon\nWrong"
+    assert parity_findings(problem, "no answer") == "ooeon\nWrong"
+    assert role_named("verifier").parse(parity_findings(problem, "67")).verdict == "Wrong"
+    assert role_named("verifier").parse(parity_findings(problem, "68")).verdict == "Correct"
+
+
+def test_parity_findings_need_an_integer_answer() -> None:
+    (problem,) = arithmetic_problems(1, difficulty=2)
+    with pytest.raises(ValueError, match=re.escape(problem.problem_id)):
+        parity_findings(msgspec.structs.replace(problem, answer="1/2"), "1")
+
+
+def test_parity_verifier_targets_judge_the_shown_answer_and_corrector_reviews_fail() -> None:
+    problems = {p.text: p for p in arithmetic_problems(500, difficulty=2)}
+    roles = ["verifier", "corrector"]
+    examples = format_examples(roles, list(problems.values()), 400, findings="parity", seed=0)
+    verdicts = []
+    for chat, target in examples:
+        if chat[0].content.startswith("Verifier"):
+            text = chat[1].content.removeprefix("Problem: ")
+            problem = problems[text.split("\n")[0]]
+            (shown,) = re.findall(r"\\boxed\{(\d+)\}", text)
+            assert target == parity_findings(problem, shown)
+            verdicts.append(target.endswith("Correct"))
+        else:
+            assert chat[3].content.split("\n")[2] == "Wrong"
+    assert len(verdicts) == 200 and 0.55 < sum(verdicts) / len(verdicts) < 0.8
