@@ -64,6 +64,7 @@ def format_examples(
         shown_right = rng.random() < 0.5
         shown = _answer(problem, shown_right, rng)
         kind = _KIND.get(role.name, "answer")
+        # Drawn whatever the findings: it keeps each recipe's examples as they were measured.
         review = f"\\boxed{{{_answer(problem, rng.random() < 0.5, rng)}}}\nWrong"
         if findings == "parity":
             review = parity_findings(problem, shown, failing=True)
@@ -97,12 +98,11 @@ def parity_findings(problem: Problem, shown: str, *, failing: bool = False) -> s
     ``failing`` writes the findings on an answer of the other parity (a review that
     reports an error).
 
-    A tiny model cannot add two-digit numbers well enough to check a sum by doing it
-    (its own results were wrong about half the time), so a verdict made by comparing
-    with its own result stays near chance. The parity of a sum takes one-character
-    steps, each learnt in full by a warm start of 600 Verifier-only steps (greedy
-    verdicts matched the check on every held-out example). It catches an answer off by
-    an odd amount and passes one off by an even amount."""
+    The tiny model never learnt to compare its own result with the shown one, so its
+    verdicts made that way stayed near chance. The parity check is one-character
+    steps it does learn: after 600 Verifier-only steps on 19,200 examples, its greedy
+    findings were right on 0.93 of held-out examples. It catches an answer off by an
+    odd amount and passes one off by an even amount."""
     if not problem.answer.lstrip("-").isdigit():
         raise ValueError(
             f"parity findings need an integer answer; {problem.problem_id} has {problem.answer!r}"
