@@ -155,22 +155,30 @@ def test_a_short_embedded_run_trains_checkpoints_and_evaluates(tmp_path: Path) -
     assert "the newest checkpoints" in again.stdout
 
 
+@pytest.fixture
+def warm_starts(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every warm start the launcher runs: the model it builds, its steps, and the
+    chats it is taught, as (system prompt's first word, number of turns)."""
+    import actors.launch
+
+    runs: list[dict[str, Any]] = []
+    teach = actors.launch.teach_formats
+
+    def recorded(path: Path, examples: list[Any], **kwargs: Any) -> float:
+        chats = {(chat[0].content.split(".")[0], len(chat)) for chat, _ in examples}
+        runs.append({"model": Path(path).name, "steps": kwargs["steps"], "chats": chats})
+        return teach(path, examples, **kwargs)
+
+    monkeypatch.setattr(actors.launch, "teach_formats", recorded)
+    return runs
+
+
 def test_policies_with_one_warm_start_recipe_start_as_copies_of_one_model(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, warm_starts: list[dict[str, Any]]
 ) -> None:
     from safetensors.torch import load_file
 
-    import actors.launch
     from actors.launch import prepare_models
-
-    warm_ups: list[int] = []
-    teach = actors.launch.teach_formats
-
-    def counted(*args: Any, **kwargs: Any) -> float:
-        warm_ups.append(kwargs["steps"])
-        return teach(*args, **kwargs)
-
-    monkeypatch.setattr(actors.launch, "teach_formats", counted)
 
     recipe = tmp_path / "per-role.toml"
     recipe.write_text(
@@ -186,7 +194,8 @@ def test_policies_with_one_warm_start_recipe_start_as_copies_of_one_model(
         (file,) = Path(paths[policy]).glob("*.safetensors")
         return load_file(file)
 
-    assert sorted(warm_ups) == [2, 3], "one warm-up per recipe, not one per policy"
+    steps = sorted(run["steps"] for run in warm_starts)
+    assert steps == [2, 3], "one warm-up per recipe, not one per policy"
     solver, verifier, corrector = (weights(p) for p in ("solver", "verifier", "corrector"))
     assert solver.keys() == verifier.keys() == corrector.keys()
     assert all(torch.equal(solver[k], verifier[k]) for k in solver)
@@ -194,19 +203,10 @@ def test_policies_with_one_warm_start_recipe_start_as_copies_of_one_model(
 
 
 def test_a_policy_warm_started_on_its_own_role_is_taught_that_role_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, warm_starts: list[dict[str, Any]]
 ) -> None:
-    import actors.launch
     from actors.launch import prepare_models
 
-    taught: dict[str, set[str]] = {}
-    teach = actors.launch.teach_formats
-
-    def recorded(path: Path, examples: list[Any], **kwargs: Any) -> float:
-        taught[Path(path).name] = {chat[0].content.split(".")[0] for chat, _ in examples}
-        return teach(path, examples, **kwargs)
-
-    monkeypatch.setattr(actors.launch, "teach_formats", recorded)
     recipe = tmp_path / "per-role.toml"
     recipe.write_text(
         '[policies.solver]\nwarm_start_steps = 2\nwarm_start_roles = ["solver", "corrector"]\n'
@@ -215,7 +215,12 @@ def test_a_policy_warm_started_on_its_own_role_is_taught_that_role_alone(
         "[problems]\ntrain = 64\ntest = 8\n"
     )
     prepare_models(load_config(recipe), tmp_path)
-    assert taught == {".solver.building": {"Solver"}, ".verifier.building": {"Verifier"}}
+    taught = {run["model"]: run["chats"] for run in warm_starts}
+    # The Corrector's chat opens with the Solver's prompt and has four turns.
+    assert taught == {
+        ".solver.building": {("Solver", 2), ("Solver", 4)},
+        ".verifier.building": {("Verifier", 2)},
+    }
 
 
 def test_a_fixed_warm_start_seed_gives_every_run_seed_the_same_start(tmp_path: Path) -> None:
